@@ -1,0 +1,48 @@
+#pragma once
+//! \file backend_ops<backend::host>: plain loops on the calling thread.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <span>
+#include <utility>
+
+#include "tessera/backend/host/buffer.hpp"
+#include "tessera/backend/ops.hpp"
+#include "tessera/core/dtype.hpp"
+
+namespace tessera {
+
+template <>
+struct backend_ops<backend::host> {
+  using tessera_backend_ops = void;
+  template <class T> using buffer = host::buffer<T>;
+
+  template <class T> static void fill(std::span<T> dst, T value) { std::fill(dst.begin(), dst.end(), value); }
+
+  template <class T> static void copy(std::span<T> dst, std::span<const T> src) {
+    TESSERA_CHECK(dst.size() == src.size(), "copy of ", src.size(), " elements into ", dst.size());
+    if (!src.empty()) std::memmove(dst.data(), src.data(), src.size() * sizeof(T));
+  }
+  template <class T> static void copy_from_host(std::span<T> dst, std::span<const T> src) { copy(dst, src); }
+  template <class T> static void copy_to_host(std::span<T> dst, std::span<const T> src) { copy(dst, src); }
+
+  //! Calls f(i) for i in [0, n) in order.
+  template <class F> static void for_each(std::size_t n, F f) {
+    for (std::size_t i = 0; i < n; ++i) f(i);
+  }
+
+  //! Sum of squares (in double) and number of non-finite elements of x.
+  template <class T> static std::pair<double, double> sum_squares(std::span<const T> x) {
+    double s = 0, bad = 0;
+    for (const T& v : x) {
+      const double d = convert<double>(v);
+      if (!std::isfinite(d)) bad += 1;
+      else s += d * d;
+    }
+    return {s, bad};
+  }
+
+  static void synchronize() noexcept {}
+};
+
+}  // namespace tessera

@@ -1,0 +1,18 @@
+#pragma once
+//! \file The backend interface the upper layers are written against.
+//!
+//! `backend_ops<B>` is specialised by backend/host/ops.hpp and
+//! backend/cuda/ops.cuh. Each provides: `buffer<T>` (owning, move-only,
+//! counted in memory_of<B>()), fill, copy, copy_from_host / copy_to_host,
+//! for_each(n, f) calling a __host__ __device__ functor f(i) for i in [0, n),
+//! sum_squares (sum of squares in double and the count of non-finite values),
+//! and synchronize(). Element functors are shared between backends.
+#include "tessera/policy/backend.hpp"
+
+namespace tessera {
+template <class B> struct backend_ops;  // specialised per backend
+
+//! A backend whose operations are visible in this translation unit.
+template <class B>
+concept backend_available = backend_policy<B> && requires { typename backend_ops<B>::tessera_backend_ops; };
+}  // namespace tessera

@@ -1,0 +1,101 @@
+#pragma once
+//! \file tessera::error and the TESSERA_ check macros.
+//!
+//! Every failure the library reports is a tessera::error whose what() starts
+//! with "tessera:" and names the failed call, its code, the library's own
+//! message and the source location. The CUDA, NCCL and MPI macros expand to
+//! calls of functions that the backend / comm headers define, so this header
+//! never includes a CUDA, NCCL or MPI header itself.
+
+#include <source_location>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace tessera {
+
+//! The one exception type of the library.
+class error : public std::runtime_error {
+public:
+  error(std::string message, std::string call = {}, long long code = 0,
+        std::source_location where = std::source_location::current())
+      : std::runtime_error(format(message, call, code, where)),
+        message_(std::move(message)), call_(std::move(call)), code_(code),
+        where_(where) {}
+
+  //! The message without location, e.g. "shape mismatch for 'w1'".
+  [[nodiscard]] const std::string& message() const noexcept { return message_; }
+  //! The failed library call as written in the source, empty for a check.
+  [[nodiscard]] const std::string& call() const noexcept { return call_; }
+  //! The library's return code (cudaError_t, ncclResult_t, MPI error class), 0 for a check.
+  [[nodiscard]] long long code() const noexcept { return code_; }
+  [[nodiscard]] const std::source_location& where() const noexcept { return where_; }
+
+private:
+  static std::string format(const std::string& message, const std::string& call,
+                            long long code, const std::source_location& where) {
+    std::string s = "tessera: " + message;
+    if (!call.empty()) s += " [" + call + " returned " + std::to_string(code) + "]";
+    s += " (";
+    s += where.file_name();
+    s += ":" + std::to_string(where.line()) + ")";
+    return s;
+  }
+  std::string message_, call_;
+  long long code_;
+  std::source_location where_;
+};
+
+namespace detail {
+template <class... Args>
+std::string concat(const Args&... args) {
+  std::ostringstream os;
+  (os << ... << args);
+  return os.str();
+}
+
+[[noreturn]] inline void fail(std::string message,
+                              std::source_location where = std::source_location::current()) {
+  throw error(std::move(message), {}, 0, where);
+}
+}  // namespace detail
+
+}  // namespace tessera
+
+//! Throws tessera::error with the streamed-together message when cond is false.
+#define TESSERA_CHECK(cond, ...)                                                  \
+  do {                                                                            \
+    if (!(cond)) [[unlikely]]                                                     \
+      ::tessera::detail::fail(::tessera::detail::concat(__VA_ARGS__),             \
+                              std::source_location::current());                  \
+  } while (0)
+
+//! Wraps an MPI call; comm/mpi.hpp defines the handler. Needs MPI_ERRORS_RETURN
+//! on the communicator (tessera sets it on every communicator it owns).
+#define TESSERA_MPI(call)                                                         \
+  do {                                                                            \
+    int tessera_rc_ = (call);                                                     \
+    if (tessera_rc_ != 0) [[unlikely]]                                            \
+      ::tessera::detail::throw_mpi_error(tessera_rc_, #call,                      \
+                                         std::source_location::current());       \
+  } while (0)
+
+//! Wraps a CUDA runtime call; backend/cuda/error.hpp defines the handler.
+#define TESSERA_CUDA(call)                                                        \
+  do {                                                                            \
+    auto tessera_rc_ = (call);                                                    \
+    if (tessera_rc_ != 0) [[unlikely]]                                            \
+      ::tessera::detail::throw_cuda_error(tessera_rc_, #call,                     \
+                                          std::source_location::current());      \
+  } while (0)
+
+//! Wraps an NCCL call; comm/nccl.hpp defines the handler.
+#define TESSERA_NCCL(comm, call)                                                  \
+  do {                                                                            \
+    auto tessera_rc_ = (call);                                                    \
+    if (tessera_rc_ != 0) [[unlikely]]                                            \
+      ::tessera::detail::throw_nccl_error(comm, tessera_rc_, #call,               \
+                                          std::source_location::current());      \
+  } while (0)
+

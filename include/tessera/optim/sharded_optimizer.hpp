@@ -1,0 +1,159 @@
+#pragma once
+//! \file ShardedOptimizer<Algorithm, Wrapper>: optimizer state over each rank's
+//! optimizer range only; one pass per step, then the strategy's weight all-gather.
+#include <cmath>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "tessera/backend/ops.hpp"
+#include "tessera/comm/communicator.hpp"
+#include "tessera/optim/algorithms.hpp"
+#include "tessera/wrapper/data_parallel.hpp"
+
+namespace tessera {
+
+struct optimizer_options {
+  //! Clip the global gradient norm to this value; 0 disables clipping.
+  double clip_norm = 0.0;
+};
+
+//! What one step did.
+struct step_result {
+  bool skipped = false;    //!< non-finite gradients on some rank: nothing updated on any rank
+  double grad_norm = 0.0;  //!< global L2 norm before clipping (inf / nan when skipped)
+  double clip_coef = 1.0;  //!< factor applied to the gradients
+  double lr = 0.0;         //!< learning rate used
+  long step = 0;           //!< steps applied so far
+};
+
+template <optimizer_algorithm Algorithm, class Wrapper>
+class ShardedOptimizer {
+  using engine_type = typename Wrapper::engine_type;
+  using B = typename Wrapper::backend_type;
+  using M = typename Wrapper::main_type;
+  using G = typename Wrapper::grad_type;
+  using ops = backend_ops<B>;
+  template <class T> using buffer = typename ops::template buffer<T>;
+
+public:
+  //! Allocates state for the wrapper's optimizer ranges (the wrapper must be finalized).
+  ShardedOptimizer(Wrapper& model, Algorithm hp, optimizer_options opt = {})
+      : model_(model), e_(model.engine()), hp_(hp), opt_(opt) {
+    TESSERA_CHECK(e_.finalized(), "ShardedOptimizer created before the wrapper's finalize()");
+    TESSERA_CHECK(opt.clip_norm >= 0, "clip_norm must be >= 0, got ", opt.clip_norm);
+    for (std::size_t u = 0; u < e_.num_units(); ++u) {
+      const auto& L = e_.layout(u);
+      const auto [lo, n] = e_.opt_range(L);
+      unit_state st;
+      for (int k = 0; k < Algorithm::state_count; ++k) {
+        st.state.emplace_back(n);
+        ops::fill(st.state.back().span(), M{});
+      }
+      // The segment table: real tensor pieces inside the optimizer range with
+      // their decay flag. Padding between and after tensors is never updated.
+      for (const auto& t : L.tensors()) {
+        const std::size_t a = std::max(t.offset, lo), b = std::min(t.offset + t.numel, lo + n);
+        if (a < b) st.segments.push_back({a - lo, b - a, t.spec.weight_decay});
+      }
+      units_.push_back(std::move(st));
+    }
+  }
+
+  //! Bytes of optimizer state this rank holds.
+  [[nodiscard]] std::size_t state_bytes() const noexcept {
+    std::size_t b = 0;
+    for (auto& u : units_)
+      for (auto& s : u.state) b += s.size() * sizeof(M);
+    return b;
+  }
+  //! The learning rate at step s (1-based): schedule(s, base lr) if set, else the base.
+  void set_schedule(std::function<double(long step, double base_lr)> f) { schedule_ = std::move(f); }
+  [[nodiscard]] long steps() const noexcept { return step_; }
+  [[nodiscard]] long skipped_steps() const noexcept { return skipped_; }
+  [[nodiscard]] const Algorithm& hyper_parameters() const noexcept { return hp_; }
+  //! State k of unit u over this rank's optimizer range (m = 0, v = 1 for AdamW).
+  [[nodiscard]] std::span<M> state(std::size_t u, int k) { return units_.at(u).state.at(std::size_t(k)).span(); }
+
+  //! Finishes the gradient sync, computes the global norm with one all-reduce,
+  //! skips the step on every rank if any rank saw a non-finite gradient, else
+  //! clips, updates, publishes the new compute weights and zeroes gradients.
+  step_result step() {
+    e_.finish_grad_sync();
+    double partial[2] = {0, 0};  // sum of squares, non-finite count
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      const auto [s, bad] = ops::sum_squares(std::span<const G>(e_.norm_grads(u)));
+      partial[0] += s;
+      partial[1] += bad;
+    }
+    e_.all_reduce_host(std::span<double>(partial, 2), comm::reduce_op::sum);
+    step_result r;
+    r.grad_norm = partial[1] > 0 ? std::nan("") : std::sqrt(partial[0]);
+    if (partial[1] > 0 || !std::isfinite(r.grad_norm)) {
+      r.skipped = true;
+      r.step = step_;
+      ++skipped_;
+      e_.zero_grad();
+      return r;
+    }
+    if (opt_.clip_norm > 0 && r.grad_norm > opt_.clip_norm) r.clip_coef = opt_.clip_norm / (r.grad_norm + 1e-6);
+    ++step_;
+    r.step = step_;
+    r.lr = schedule_ ? schedule_(step_, hp_.lr) : hp_.lr;
+    for (std::size_t u = 0; u < units_.size(); ++u) update(u, r);
+    e_.publish_weights();
+    e_.zero_grad();
+    return r;
+  }
+
+private:
+  struct segment {
+    std::size_t begin, count;
+    bool decay;
+  };
+  struct unit_state {
+    std::vector<buffer<M>> state;
+    std::vector<segment> segments;
+  };
+
+  void update(std::size_t u, const step_result& r) {
+    M* w = e_.main_weights(u).data();
+    const G* g = e_.opt_grads(u).data();
+    auto& st = units_[u];
+    for (const auto& s : st.segments) {
+      if constexpr (std::is_same_v<Algorithm, adamw>) {
+        const double bc1 = 1 - std::pow(hp_.beta1, double(step_)), bc2 = 1 - std::pow(hp_.beta2, double(step_));
+        detail::adamw_kernel<M, G> k{w + s.begin,
+                                     g + s.begin,
+                                     st.state[0].data() + s.begin,
+                                     st.state[1].data() + s.begin,
+                                     float(r.lr),
+                                     float(hp_.beta1),
+                                     float(hp_.beta2),
+                                     float(hp_.eps),
+                                     float(s.decay ? hp_.weight_decay : 0.0),
+                                     float(1 / bc1),
+                                     float(1 / std::sqrt(bc2)),
+                                     float(r.clip_coef)};
+        ops::for_each(s.count, k);
+      } else {
+        static_assert(std::is_same_v<Algorithm, sgd>, "tessera: unknown optimizer algorithm; use adamw or sgd");
+        detail::sgd_kernel<M, G> k{w + s.begin,          g + s.begin,
+                                   st.state[0].data() + s.begin, float(r.lr),
+                                   float(hp_.momentum),  float(s.decay ? hp_.weight_decay : 0.0),
+                                   float(r.clip_coef),   hp_.nesterov};
+        ops::for_each(s.count, k);
+      }
+    }
+  }
+
+  Wrapper& model_;
+  engine_type& e_;
+  Algorithm hp_;
+  optimizer_options opt_;
+  std::function<double(long, double)> schedule_;
+  std::vector<unit_state> units_;
+  long step_ = 0, skipped_ = 0;
+};
+
+}  // namespace tessera

@@ -1,0 +1,117 @@
+#pragma once
+//! \file The flat layout: tensors packed into units, each unit one flat buffer
+//! padded to a multiple of world_size x alignment and split into equal,
+//! contiguous shards, one per rank. A tensor's piece on a rank is the
+//! intersection of its range with the rank's shard (possibly empty).
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tessera/core/error.hpp"
+#include "tessera/core/math.hpp"
+#include "tessera/core/shape.hpp"
+
+namespace tessera {
+
+//! What a trainer declares about one parameter.
+struct tensor_spec {
+  std::string name;
+  tessera::shape shape;
+  bool weight_decay = true;  //!< false for biases and norms (AdamW / SGD skip decay on it)
+};
+
+//! A tensor's place in its unit's flat buffer.
+struct tensor_slot {
+  tensor_spec spec;
+  std::size_t offset = 0;  //!< first element in the unit's flat buffer (aligned)
+  std::size_t numel = 0;
+};
+
+//! The part of one tensor that one rank's shard holds: tensor elements
+//! [tensor_begin, tensor_begin + count) at shard elements [shard_begin, ...).
+struct piece {
+  std::size_t tensor_begin = 0, shard_begin = 0, count = 0;
+  [[nodiscard]] bool empty() const noexcept { return count == 0; }
+};
+
+//! One unit: named tensors in one flat buffer, and its split over `world` ranks.
+class unit_layout {
+public:
+  unit_layout(std::string name, std::vector<tensor_spec> specs, int world, std::size_t alignment)
+      : name_(std::move(name)), world_(world), alignment_(alignment) {
+    TESSERA_CHECK(world >= 1, "world size ", world, " for unit '", name_, "'");
+    TESSERA_CHECK(alignment >= 1, "alignment 0 for unit '", name_, "'");
+    std::size_t off = 0;
+    for (auto& s : specs) {
+      tensor_slot t{std::move(s), round_up(off, alignment), 0};
+      t.numel = t.spec.shape.numel();
+      off = t.offset + t.numel;
+      tensors_.push_back(std::move(t));
+    }
+    numel_ = off;
+    padded_ = round_up(std::max<std::size_t>(off, 1), std::size_t(world) * alignment);
+    shard_ = padded_ / std::size_t(world);
+  }
+
+  [[nodiscard]] const std::string& name() const noexcept { return name_; }
+  [[nodiscard]] const std::vector<tensor_slot>& tensors() const noexcept { return tensors_; }
+  [[nodiscard]] int world() const noexcept { return world_; }
+  [[nodiscard]] std::size_t alignment() const noexcept { return alignment_; }
+  //! Elements up to the end of the last tensor.
+  [[nodiscard]] std::size_t numel() const noexcept { return numel_; }
+  //! Flat buffer size: numel rounded up to world x alignment (never 0).
+  [[nodiscard]] std::size_t padded_numel() const noexcept { return padded_; }
+  //! Elements per rank.
+  [[nodiscard]] std::size_t shard_numel() const noexcept { return shard_; }
+  //! First flat element of rank r's shard.
+  [[nodiscard]] std::size_t shard_begin(int r) const noexcept { return std::size_t(r) * shard_; }
+
+  //! Tensor t's piece on rank r.
+  [[nodiscard]] piece piece_of(std::size_t t, int r) const {
+    const auto& s = tensors_.at(t);
+    const std::size_t lo = std::max(s.offset, shard_begin(r));
+    const std::size_t hi = std::min(s.offset + s.numel, shard_begin(r) + shard_);
+    if (lo >= hi) return {};
+    return {lo - s.offset, lo - shard_begin(r), hi - lo};
+  }
+  //! Index of the tensor called name, or -1.
+  [[nodiscard]] std::ptrdiff_t find(std::string_view name) const noexcept {
+    for (std::size_t i = 0; i < tensors_.size(); ++i)
+      if (tensors_[i].spec.name == name) return std::ptrdiff_t(i);
+    return -1;
+  }
+
+private:
+  std::string name_;
+  std::vector<tensor_slot> tensors_;
+  int world_;
+  std::size_t alignment_, numel_ = 0, padded_ = 0, shard_ = 0;
+};
+
+//! A 64-bit FNV-1a digest of the layout (names, shapes, decay flags, world),
+//! used to prove that every rank registered the same model.
+[[nodiscard]] inline std::uint64_t digest(const std::vector<unit_layout>& units) {
+  std::uint64_t h = 1469598103934665603ull;
+  auto mix = [&](const void* p, std::size_t n) {
+    auto* b = static_cast<const unsigned char*>(p);
+    for (std::size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  };
+  for (const auto& u : units) {
+    mix(u.name().data(), u.name().size() + 0);
+    mix("\0", 1);
+    for (const auto& t : u.tensors()) {
+      mix(t.spec.name.data(), t.spec.name.size());
+      mix("\0", 1);
+      for (auto e : t.spec.shape.extents()) mix(&e, sizeof e);
+      const char d = t.spec.weight_decay;
+      mix(&d, 1);
+    }
+    mix("\1", 1);
+  }
+  return h;
+}
+
+}  // namespace tessera

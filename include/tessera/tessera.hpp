@@ -1,0 +1,23 @@
+#pragma once
+//! \file The umbrella header: the whole public API for the backends this
+//! translation unit can see. The CUDA backend and NCCL are included only when
+//! compiled by nvcc (or with TESSERA_WITH_CUDA defined), so a host-only program
+//! never sees a CUDA header.
+#include "tessera/core/dtype.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/core/shape.hpp"
+#include "tessera/policy/policy.hpp"
+#include "tessera/backend/memory.hpp"
+#include "tessera/backend/ops.hpp"
+#include "tessera/backend/host/buffer.hpp"
+#include "tessera/backend/host/ops.hpp"
+#include "tessera/comm/communicator.hpp"
+#include "tessera/comm/local.hpp"
+#if !defined(TESSERA_NO_MPI)
+#include "tessera/comm/mpi.hpp"
+#endif
+#include "tessera/shard/layout.hpp"
+#include "tessera/shard/sharded_tensor.hpp"
+#include "tessera/wrapper/data_parallel.hpp"
+#include "tessera/optim/algorithms.hpp"
+#include "tessera/optim/sharded_optimizer.hpp"

@@ -1,0 +1,160 @@
+#pragma once
+//! \file DistributedDataParallel, FullyShardedDataParallel and data_parallel_t.
+//!
+//! A trainer registers units and their parameters, calls finalize(), sets the
+//! initial values, then per step and micro-batch:
+//!   model.begin_micro_batch(i, n);
+//!   forward:  { auto s = model.gather(u); ... s.weight(p) ... }            // unit by unit
+//!   backward: { auto s = model.gather(u); ... write s.grad(p) ...; s.reduce_grads(); }
+//! and finally optimizer.step() (which calls finish_grad_sync()).
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tessera/comm/communicator.hpp"
+#include "tessera/policy/config.hpp"
+#include "tessera/wrapper/detail/engine.hpp"
+#include "tessera/wrapper/options.hpp"
+
+namespace tessera {
+
+namespace detail {
+
+template <config_type Cfg>
+class data_parallel_base {
+public:
+  using config = Cfg;
+  using strategy = typename Cfg::strategy;
+  using backend_type = typename Cfg::backend_type;
+  using compute_type = typename Cfg::compute_type;
+  using main_type = typename Cfg::main_type;
+  using grad_type = typename Cfg::grad_type;
+  using engine_type = dp_engine<Cfg>;
+
+  //! An RAII hold on one unit's compute weights: gathered (optim_grads_params)
+  //! or waited for (after an optimizer step's all-gather). Released on destruction.
+  class unit_scope {
+  public:
+    unit_scope(unit_scope&& o) noexcept : e_(std::exchange(o.e_, nullptr)), u_(o.u_) {}
+    unit_scope& operator=(unit_scope&&) = delete;
+    unit_scope(const unit_scope&) = delete;
+    ~unit_scope() { release(); }
+
+    [[nodiscard]] unit_id unit() const noexcept { return {int(u_)}; }
+    //! The whole unit's weights (padded flat buffer).
+    [[nodiscard]] std::span<const compute_type> weights() const { return live().unit_weights(u_); }
+    //! One parameter's weights, row-major over its shape.
+    [[nodiscard]] std::span<const compute_type> weight(param_id p) const {
+      const auto& s = slot_of(p);
+      return live().unit_weights(u_).subspan(s.offset, s.numel);
+    }
+    //! One parameter's gradient for this micro-batch (accumulates over micro-batches).
+    [[nodiscard]] std::span<grad_type> grad(param_id p) {
+      slot_of(p);
+      return live().grad(p);
+    }
+    [[nodiscard]] std::span<grad_type> grads() { return live().unit_grads(u_); }
+    //! Starts this unit's gradient reduction (non-blocking).
+    void reduce_grads() { live().reduce_grads(u_); }
+    //! Gives the weights back early; the scope is unusable afterwards.
+    void release() noexcept {
+      if (e_) std::exchange(e_, nullptr)->release(u_);
+    }
+
+  private:
+    friend class data_parallel_base;
+    unit_scope(engine_type& e, std::size_t u) : e_(&e), u_(u) {}
+    engine_type& live() const {
+      TESSERA_CHECK(e_ != nullptr, "use of a released unit scope");
+      return *e_;
+    }
+    const tensor_slot& slot_of(param_id p) const {
+      TESSERA_CHECK(std::size_t(p.unit) == u_, "parameter of unit ", p.unit, " used through the scope of unit ",
+                    u_);
+      return live().slot(p);
+    }
+    engine_type* e_;
+    std::size_t u_;
+  };
+
+  template <class Comm>
+  explicit data_parallel_base(Comm& comm, wrapper_options opt = {}) : e_(comm, opt) {
+    comm::check_communicator<Comm, backend_type>();
+  }
+
+  //! Registers a unit: parameters gathered, computed and released together.
+  unit_id add_unit(std::string name) { return e_.add_unit(std::move(name)); }
+  //! Registers a parameter of unit u; weight_decay false exempts it from decay.
+  param_id add_param(unit_id u, std::string name, shape s, bool weight_decay = true) {
+    return e_.add_param(u, std::move(name), std::move(s), weight_decay);
+  }
+  //! Fixes the layout, checks all ranks agree (collective), allocates.
+  void finalize() { e_.finalize(); }
+
+  void set_param(param_id p, std::span<const main_type> full) { e_.set_param(p, full); }
+  [[nodiscard]] std::vector<main_type> get_param(param_id p) { return e_.get_param(p); }
+  [[nodiscard]] param_id find(unit_id u, std::string_view name) const { return e_.find(u, name); }
+
+  [[nodiscard]] unit_scope gather(unit_id u) {
+    check_unit(u);
+    e_.acquire(std::size_t(u.index));
+    return unit_scope(e_, std::size_t(u.index));
+  }
+  //! Gradient view outside a scope (not under optim_grads_params, whose units must be gathered).
+  [[nodiscard]] std::span<grad_type> grad(param_id p) { return e_.grad(p); }
+  void begin_micro_batch(int index, int count) { e_.begin_micro_batch(index, count); }
+  void reduce_grads(unit_id u) {
+    check_unit(u);
+    e_.reduce_grads(std::size_t(u.index));
+  }
+  void finish_grad_sync() { e_.finish_grad_sync(); }
+  void zero_grad() { e_.zero_grad(); }
+  void synchronize() { e_.synchronize(); }
+
+  [[nodiscard]] int rank() const { return e_.rank(); }
+  [[nodiscard]] int world() const { return e_.world(); }
+  [[nodiscard]] std::size_t num_units() const noexcept { return e_.num_units(); }
+  [[nodiscard]] std::size_t num_params() const noexcept { return e_.num_params(); }
+  [[nodiscard]] const memory_plan& planned() const { return e_.planned(); }
+  [[nodiscard]] engine_type& engine() noexcept { return e_; }
+
+private:
+  void check_unit(unit_id u) const {
+    TESSERA_CHECK(u.index >= 0 && std::size_t(u.index) < e_.num_units(), "unknown unit ", u.index);
+  }
+  engine_type e_;
+};
+
+}  // namespace detail
+
+//! DDP-style wrapper: replicated compute weights; units are the gradient
+//! buckets, reduced as soon as reduce_grads(unit) is called.
+template <config_type Cfg>
+class DistributedDataParallel : public detail::data_parallel_base<Cfg> {
+  static_assert(!Cfg::strategy::shards_params,
+                "tessera: DistributedDataParallel keeps replicated compute weights and cannot shard "
+                "parameters; use FullyShardedDataParallel for optim_grads_params");
+
+public:
+  using detail::data_parallel_base<Cfg>::data_parallel_base;
+};
+
+//! FSDP-style wrapper: units gathered before use and released after; with
+//! optim_grads_params only the shard of each unit lives between uses.
+template <config_type Cfg>
+class FullyShardedDataParallel : public detail::data_parallel_base<Cfg> {
+public:
+  using detail::data_parallel_base<Cfg>::data_parallel_base;
+};
+
+namespace detail {
+template <class Cfg, class W = typename Cfg::wrapper> struct pick_wrapper;
+template <class Cfg> struct pick_wrapper<Cfg, ddp> { using type = DistributedDataParallel<Cfg>; };
+template <class Cfg> struct pick_wrapper<Cfg, fsdp> { using type = FullyShardedDataParallel<Cfg>; };
+}  // namespace detail
+
+//! The wrapper a config selects.
+template <config_type Cfg>
+using data_parallel_t = typename detail::pick_wrapper<Cfg>::type;
+
+}  // namespace tessera

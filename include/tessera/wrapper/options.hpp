@@ -1,0 +1,40 @@
+#pragma once
+//! \file Run-time options of the data-parallel wrappers and the handles they hand out.
+#include <cstddef>
+
+namespace tessera {
+
+struct wrapper_options {
+  //! Each tensor starts on a multiple of this many elements; shards are multiples of it.
+  std::size_t alignment = 16;
+  //! Gathered-weight buffers for optim_grads_params (2 = double buffering: one
+  //! in use, one being prefetched).
+  int gather_buffers = 2;
+  //! Full-size gradient / wire buffers that reductions in flight may hold.
+  int grad_buffers = 2;
+  //! Start the next unit's all-gather when a unit is gathered (optim_grads_params).
+  bool prefetch = true;
+};
+
+//! A registered unit.
+struct unit_id {
+  int index = -1;
+  friend bool operator==(unit_id, unit_id) = default;
+};
+//! A registered parameter: its unit and its index in the unit.
+struct param_id {
+  int unit = -1;
+  int index = -1;
+  friend bool operator==(param_id, param_id) = default;
+};
+
+//! Bytes of model state a wrapper (plus optimizer) holds per rank.
+struct memory_plan {
+  std::size_t compute_weights = 0, main_weights = 0, grads = 0, gathered_buffers = 0, reduction_buffers = 0,
+              optimizer_state = 0;
+  [[nodiscard]] std::size_t total() const noexcept {
+    return compute_weights + main_weights + grads + gathered_buffers + reduction_buffers + optimizer_state;
+  }
+};
+
+}  // namespace tessera
