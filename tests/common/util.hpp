@@ -1,0 +1,36 @@
+#pragma once
+// Helpers shared by the suites: a counter-based RNG (the same values on every
+// rank and world size), type names for failure messages, and comparisons.
+#include <boost/core/demangle.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <typeinfo>
+
+namespace tessera_test {
+
+//! splitmix64 of a key: a deterministic hash giving independent streams.
+inline std::uint64_t mix(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+//! Uniform in [-1, 1) from a tuple of keys.
+template <class... K>
+inline double uniform(K... keys) {
+  std::uint64_t h = 0x1234567ull;
+  ((h = mix(h ^ std::uint64_t(keys))), ...);
+  return double(h >> 11) * 0x1p-52 - 1.0;
+}
+
+template <class T>
+std::string type_name() {
+  return boost::core::demangle(typeid(T).name());
+}
+
+//! |a - b| <= tol * max(1, |b|)
+inline bool close(double a, double b, double tol) { return std::abs(a - b) <= tol * std::max(1.0, std::abs(b)); }
+
+}  // namespace tessera_test
