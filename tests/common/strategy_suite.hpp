@@ -1,0 +1,53 @@
+#pragma once
+// The property every (strategy, wrapper, precision, averaging) combination
+// must have: after several steps with accumulation, clipping and weight decay,
+// its weights equal those of single-rank no_shard with the same precision, on
+// every world size, for AdamW and SGD, at alignments 1 and 16.
+#include <tuple>
+
+#include "common/training_harness.hpp"
+
+namespace tessera_test {
+
+//! Allowed |difference| / max(1, |w|): fp32 within 1e-5; a bf16 compute weight
+//! may round to the neighbouring bf16 value when the fp32 main weights differ
+//! in the last bit, which moves that step's gradient by one bf16 ulp.
+template <class Cfg>
+constexpr double tolerance() {
+  using C = typename Cfg::compute_type;
+  using Wi = typename Cfg::wire_type;
+  if constexpr (std::is_same_v<C, float> && std::is_same_v<Wi, float>) return 1e-5;
+  else return 8 * tessera::epsilon_of<tessera::bf16>;
+}
+
+template <class Cfg>
+void check_matches_single_rank_no_shard() {
+  using namespace tessera;
+  using Ref = config<no_shard, ddp, typename Cfg::precision, typename Cfg::averaging, backend::host>;
+  comm::mpi c;
+  comm::local<> solo;
+  const int N = c.size();
+  for (std::size_t align : {std::size_t(1), std::size_t(16)})
+    for (int alg = 0; alg < 2; ++alg) {
+      run_params p;
+      p.alignment = align;
+      // a sum allows any split of the batch (here uneven, some ranks may get none);
+      // an average needs the same number of samples on every rank.
+      p.global_samples = std::is_same_v<typename Cfg::averaging, tessera::sum> ? 7 : 2 * N;
+      const run_result ref = alg == 0 ? train<Ref>(solo, test_adamw(), p) : train<Ref>(solo, test_sgd(), p);
+      const run_result got = alg == 0 ? train<Cfg>(c, test_adamw(), p) : train<Cfg>(c, test_sgd(), p);
+      BOOST_TEST_CONTEXT(Cfg::strategy::name << " / " << Cfg::wrapper::name << " / "
+                                             << type_name<typename Cfg::precision>() << " / "
+                                             << Cfg::averaging::name << ", " << (alg ? "sgd" : "adamw")
+                                             << ", alignment " << align << ", rank " << c.rank() << " of " << N) {
+        BOOST_TEST_MESSAGE("max relative difference " << max_rel_diff(got, ref) << ", norm[0] " << got.grad_norms[0] << ", clipped " << (ref.grad_norms[0] > p.clip));
+        BOOST_TEST(max_rel_diff(got, ref) <= tolerance<Cfg>());
+        for (std::size_t s = 0; s < ref.grad_norms.size(); ++s) {
+          BOOST_TEST(!got.skipped[s]);
+          BOOST_TEST(std::abs(got.grad_norms[s] - ref.grad_norms[s]) <= 1e-4 * ref.grad_norms[s] + tolerance<Cfg>());
+        }
+      }
+    }
+}
+
+}  // namespace tessera_test

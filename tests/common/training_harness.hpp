@@ -1,0 +1,210 @@
+#pragma once
+// A small synthetic training run used by the strategy suites: awkward shapes
+// (tensors that do not divide the world size, tensors smaller than it, an
+// empty one), gradient accumulation, clipping and weight decay. Per-sample
+// gradients are deterministic functions of the compute weights and the global
+// sample index, so any world size that splits the same global batch must
+// reproduce the single-rank no_shard result.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "common/util.hpp"
+#include "tessera/tessera.hpp"
+
+namespace tessera_test {
+
+struct unit_def {
+  std::string name;
+  std::vector<tessera::tensor_spec> tensors;
+};
+
+inline std::vector<unit_def> awkward_model() {
+  using tessera::shape;
+  return {
+      {"embed", {{"table", shape({7, 5}), true}, {"bias", shape({3}), false}}},
+      {"tiny", {{"one", shape({1}), false}, {"empty", shape({2, 0}), true}, {"m", shape({13}), true}}},
+      {"big", {{"w", shape({33, 3}), true}, {"b", shape({2}), false}}},
+  };
+}
+
+struct run_params {
+  int steps = 3;
+  int accum = 2;
+  int global_samples = 6;      // per micro-batch, over all ranks
+  double clip = 0.5;
+  std::size_t alignment = 16;
+  bool nonfinite_at_step1_on_last_rank = false;
+};
+
+//! Initial value of element i of tensor t in unit u (the same on every rank).
+inline double init_value(int u, int t, std::size_t i) { return 0.5 * uniform(u, t, i, 77); }
+
+//! d loss_k / d w_i for sample k: a_k,i (w_i - target_k,i) + 0.25 w_{i+1}
+//! (neighbour coupling, so a scrambled layout shows).
+inline double sample_grad(long k, int step, int mb, int u, int t, std::size_t i, double wi, double wnext) {
+  const double a = 1.0 + uniform(k, step, mb, u, t, i, 1);
+  const double target = uniform(k, step, mb, u, t, i, 2);
+  return a * (wi - target) + 0.25 * wnext;
+}
+
+//! The samples of micro-batch `mb` that rank r of N owns: a contiguous,
+//! possibly uneven and possibly empty block of the global batch.
+inline std::pair<long, long> local_samples(int K, int r, int N) {
+  return {long(K) * r / N, long(K) * (r + 1) / N};
+}
+
+struct run_result {
+  std::vector<std::vector<double>> params;  // per registered parameter, full values
+  std::vector<double> grad_norms;
+  std::vector<bool> skipped;
+};
+
+//! Trains Cfg with algorithm `alg` over communicator c and returns the final main weights.
+template <class Cfg, class Alg, class Comm>
+run_result train(Comm& c, Alg alg, const run_params& p) {
+  using namespace tessera;
+  using W = data_parallel_t<Cfg>;
+  const int N = c.size(), r = c.rank();
+  W model(c, wrapper_options{.alignment = p.alignment});
+  const auto defs = awkward_model();
+  std::vector<unit_id> units;
+  std::vector<std::vector<param_id>> params;
+  for (auto& d : defs) {
+    units.push_back(model.add_unit(d.name));
+    params.emplace_back();
+    for (auto& t : d.tensors) params.back().push_back(model.add_param(units.back(), t.name, t.shape, t.weight_decay));
+  }
+  model.finalize();
+  for (std::size_t u = 0; u < defs.size(); ++u)
+    for (std::size_t t = 0; t < defs[u].tensors.size(); ++t) {
+      std::vector<typename W::main_type> v(defs[u].tensors[t].shape.numel());
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] = typename W::main_type(init_value(int(u), int(t), i));
+      model.set_param(params[u][t], v);
+    }
+  ShardedOptimizer opt(model, alg, optimizer_options{.clip_norm = p.clip});
+
+  // With a sum, the trainer divides by the global batch; with an average, by
+  // its local batch (every rank holds the same number of samples then).
+  constexpr bool sums = std::is_same_v<typename Cfg::averaging, tessera::sum>;
+  const auto [k0, k1] = local_samples(p.global_samples, r, N);
+  const double scale = sums ? 1.0 / (double(p.global_samples) * p.accum) : 1.0 / (double(k1 - k0) * p.accum);
+
+  run_result out;
+  for (int step = 0; step < p.steps; ++step) {
+    for (int mb = 0; mb < p.accum; ++mb) {
+      model.begin_micro_batch(mb, p.accum);
+      for (auto u : units) {  // "forward": gather in order (prefetch runs ahead)
+        auto s = model.gather(u);
+        BOOST_REQUIRE(!s.weights().empty());
+      }
+      for (std::size_t u = units.size(); u-- > 0;) {  // backward, last unit first
+        auto s = model.gather(units[u]);
+        for (std::size_t t = 0; t < params[u].size(); ++t) {
+          auto w = s.weight(params[u][t]);
+          auto g = s.grad(params[u][t]);
+          BOOST_REQUIRE_EQUAL(w.size(), g.size());
+          const std::size_t n = w.size();
+          for (long k = k0; k < k1; ++k)
+            for (std::size_t i = 0; i < n; ++i) {
+              const double gi = sample_grad(k, step, mb, int(u), int(t), i, convert<double>(w[i]),
+                                            convert<double>(w[(i + 1) % n]));
+              g[i] = convert<typename W::grad_type>(convert<double>(g[i]) + scale * gi);
+            }
+          if (p.nonfinite_at_step1_on_last_rank && step == 1 && r == N - 1 && u == 1 && t == 2 && n > 0)
+            g[n / 2] = convert<typename W::grad_type>(std::nan(""));
+        }
+        s.reduce_grads();
+      }
+    }
+    const step_result res = opt.step();
+    out.grad_norms.push_back(res.grad_norm);
+    out.skipped.push_back(res.skipped);
+  }
+  for (auto& pu : params)
+    for (auto pid : pu) {
+      auto v = model.get_param(pid);
+      out.params.emplace_back(v.begin(), v.end());
+    }
+  return out;
+}
+
+//! The same training in plain float64, without the library: the oracle for
+//! the single-rank fp32 run.
+template <class Alg>
+run_result train_reference_f64(const Alg& alg, const run_params& p) {
+  const auto defs = awkward_model();
+  std::vector<std::vector<double>> w, m, v;
+  std::vector<bool> decay;
+  for (std::size_t u = 0; u < defs.size(); ++u)
+    for (std::size_t t = 0; t < defs[u].tensors.size(); ++t) {
+      const std::size_t n = defs[u].tensors[t].shape.numel();
+      w.emplace_back(n);
+      for (std::size_t i = 0; i < n; ++i) w.back()[i] = init_value(int(u), int(t), i);
+      m.emplace_back(n, 0.0);
+      v.emplace_back(n, 0.0);
+      decay.push_back(defs[u].tensors[t].weight_decay);
+    }
+  run_result out;
+  long applied = 0;
+  for (int step = 0; step < p.steps; ++step) {
+    std::vector<std::vector<double>> g;
+    for (auto& x : w) g.emplace_back(x.size(), 0.0);
+    for (int mb = 0; mb < p.accum; ++mb) {
+      std::size_t flat = 0;
+      for (std::size_t u = 0; u < defs.size(); ++u)
+        for (std::size_t t = 0; t < defs[u].tensors.size(); ++t, ++flat) {
+          const std::size_t n = w[flat].size();
+          for (long k = 0; k < p.global_samples; ++k)
+            for (std::size_t i = 0; i < n; ++i)
+              g[flat][i] += sample_grad(k, step, mb, int(u), int(t), i, w[flat][i], w[flat][(i + 1) % n]) /
+                            (double(p.global_samples) * p.accum);
+        }
+    }
+    double sq = 0;
+    for (auto& x : g)
+      for (double e : x) sq += e * e;
+    const double norm = std::sqrt(sq);
+    const double coef = (p.clip > 0 && norm > p.clip) ? p.clip / (norm + 1e-6) : 1.0;
+    out.grad_norms.push_back(norm);
+    out.skipped.push_back(false);
+    ++applied;
+    for (std::size_t f = 0; f < w.size(); ++f)
+      for (std::size_t i = 0; i < w[f].size(); ++i) {
+        const double gi = g[f][i] * coef;
+        if constexpr (std::is_same_v<Alg, tessera::adamw>) {
+          const double wd = decay[f] ? alg.weight_decay : 0.0;
+          w[f][i] -= alg.lr * wd * w[f][i];
+          m[f][i] = alg.beta1 * m[f][i] + (1 - alg.beta1) * gi;
+          v[f][i] = alg.beta2 * v[f][i] + (1 - alg.beta2) * gi * gi;
+          const double mh = m[f][i] / (1 - std::pow(alg.beta1, double(applied)));
+          const double vh = v[f][i] / (1 - std::pow(alg.beta2, double(applied)));
+          w[f][i] -= alg.lr * mh / (std::sqrt(vh) + alg.eps);
+        } else {
+          const double wd = decay[f] ? alg.weight_decay : 0.0;
+          double d = gi + wd * w[f][i];
+          if (alg.momentum != 0) {
+            m[f][i] = alg.momentum * m[f][i] + d;
+            d = alg.nesterov ? d + alg.momentum * m[f][i] : m[f][i];
+          }
+          w[f][i] -= alg.lr * d;
+        }
+      }
+  }
+  out.params = w;
+  return out;
+}
+
+inline tessera::adamw test_adamw() { return {.lr = 0.05, .beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8, .weight_decay = 0.1}; }
+inline tessera::sgd test_sgd() { return {.lr = 0.1, .momentum = 0.9, .weight_decay = 0.05, .nesterov = true}; }
+
+//! Largest |a - b| / max(1, |b|) over all parameters.
+inline double max_rel_diff(const run_result& a, const run_result& b) {
+  double worst = 0;
+  for (std::size_t f = 0; f < b.params.size(); ++f)
+    for (std::size_t i = 0; i < b.params[f].size(); ++i)
+      worst = std::max(worst, std::abs(a.params[f][i] - b.params[f][i]) / std::max(1.0, std::abs(b.params[f][i])));
+  return worst;
+}
+
+}  // namespace tessera_test
