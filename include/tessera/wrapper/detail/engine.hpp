@@ -258,13 +258,14 @@ public:
   void begin_micro_batch(int index, int count) {
     require_final("begin_micro_batch()");
     TESSERA_CHECK(count >= 1 && index >= 0 && index < count, "begin_micro_batch(", index, ", ", count, ")");
-    TESSERA_CHECK(index == 0 || (mb_count_ == count && index == mb_index_ + 1), "begin_micro_batch(", index,
-                  ", ", count, ") does not follow micro-batch ", mb_index_, " of ", mb_count_);
+    TESSERA_CHECK(index == 0 ? !mb_open_ : (mb_open_ && mb_count_ == count && index == mb_index_ + 1),
+                  "begin_micro_batch(", index, ", ", count, ") does not follow micro-batch ", mb_index_, " of ",
+                  mb_count_, mb_open_ ? "" : " (none open)",
+                  "; micro-batches run 0..count-1, and a step() or zero_grad() ends them");
     if (index > 0) sync_micro_batch();
-    if (grads_ready_) fail("begin_micro_batch(0, ...) while reduced gradients wait for the optimizer; "
-                                         "call step() or zero_grad() first");
     mb_index_ = index;
     mb_count_ = count;
+    mb_open_ = true;
     for (auto& st : units_) st.reduced = false;
   }
 
@@ -373,6 +374,7 @@ public:
     }
     for (auto& sl : slots_) sl.unit = -1;
     grads_ready_ = false;
+    mb_open_ = false;
     mb_index_ = 0;
     mb_count_ = 1;
   }
@@ -710,7 +712,7 @@ private:
   std::vector<reduction_slot> slots_;
   std::vector<gathered_slot> gathered_;
   memory_plan plan_;
-  bool finalized_ = false, grads_ready_ = false;
+  bool finalized_ = false, grads_ready_ = false, mb_open_ = false;
   int mb_index_ = 0, mb_count_ = 1, last_gathered_ = -1;
   std::uint64_t order_ = 0;
 };

@@ -1,0 +1,4 @@
+// expect: tessera: the wrapper argument is not a tessera wrapper policy; choose ddp or fsdp
+#include "tessera/policy/config.hpp"
+using Cfg = tessera::config<tessera::optim, tessera::optim>;
+static_assert(sizeof(Cfg) > 0);

@@ -1,0 +1,149 @@
+// Bad input: each misuse is a clear tessera error on every rank involved,
+// never a hang or a silently wrong answer.
+#define BOOST_TEST_MODULE tessera_errors
+#include "common/mpi_test_main.hpp"
+
+#include <string>
+#include <vector>
+
+#include "tessera/tessera.hpp"
+
+using namespace tessera;
+
+namespace {
+// Checks that f throws a tessera::error whose what() starts with "tessera:" and contains `part`.
+template <class F>
+void expect_error(F&& f, const std::string& part) {
+  try {
+    f();
+    BOOST_ERROR("expected a tessera error containing '" << part << "'");
+  } catch (const tessera::error& e) {
+    const std::string w = e.what();
+    BOOST_TEST_CONTEXT("message: " << w) {
+      BOOST_TEST(w.rfind("tessera: ", 0) == 0u);
+      BOOST_TEST(w.find(part) != std::string::npos);
+    }
+  }
+}
+using Z3 = config<optim_grads_params, fsdp>;
+using Z1 = config<optim, ddp>;
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(registration_after_finalize) {
+  comm::mpi c;
+  data_parallel_t<Z3> m(c);
+  auto u = m.add_unit("u");
+  m.add_param(u, "w", {4, 3});
+  expect_error([&] { m.add_param(u, "w", {2}); }, "registered twice");
+  m.finalize();
+  expect_error([&] { m.add_param(u, "late", {2}); }, "after finalize()");
+  expect_error([&] { (void)m.add_unit("late"); }, "after finalize()");
+  expect_error([&] { m.finalize(); }, "after finalize()");
+}
+
+BOOST_AUTO_TEST_CASE(use_before_finalize) {
+  comm::mpi c;
+  data_parallel_t<Z1> m(c);
+  auto u = m.add_unit("u");
+  expect_error([&] { (void)m.gather(u); }, "gather() before finalize()");
+  expect_error([&] { m.begin_micro_batch(0, 1); }, "before finalize()");
+  data_parallel_t<Z1> empty(c);
+  expect_error([&] { empty.finalize(); }, "no unit");
+}
+
+BOOST_AUTO_TEST_CASE(shape_mismatches) {
+  comm::mpi c;
+  data_parallel_t<Z3> m(c);
+  auto u = m.add_unit("u");
+  auto w = m.add_param(u, "w", {4, 3});
+  m.finalize();
+  std::vector<float> wrong(11);
+  expect_error([&] { m.set_param(w, wrong); }, "set_param('w'): 11 values for shape [4, 3]");
+  expect_error([&] { (void)m.find(u, "nope"); }, "no parameter 'nope' in unit 'u'");
+  ShardedTensor<float, backend::host> t(c, {5, 2});
+  std::vector<float> out(9);
+  expect_error([&] { t.gather(out); }, "buffer of 9 elements for a tensor of shape [5, 2]");
+  expect_error([] { unit_layout("u", {}, 0, 16); }, "world size 0");
+}
+
+BOOST_AUTO_TEST_CASE(gradient_view_of_a_released_unit) {
+  comm::mpi c;
+  data_parallel_t<Z3> m(c);
+  auto u0 = m.add_unit("first"), u1 = m.add_unit("second");
+  auto w0 = m.add_param(u0, "w", {3});
+  auto w1 = m.add_param(u1, "w", {3});
+  m.finalize();
+  expect_error([&] { (void)m.grad(w0); }, "unit 'first' requested while the unit is released");
+  auto s = m.gather(u0);
+  BOOST_TEST(s.grad(w0).size() == 3u);
+  expect_error([&] { (void)s.grad(w1); }, "used through the scope of unit");
+  s.release();
+  expect_error([&] { (void)s.grad(w0); }, "released unit scope");
+  expect_error([&] { (void)s.weights(); }, "released unit scope");
+  m.finish_grad_sync();
+  m.zero_grad();
+}
+
+BOOST_AUTO_TEST_CASE(reduction_and_micro_batch_misuse) {
+  comm::mpi c;
+  data_parallel_t<Z1> m(c);
+  auto u = m.add_unit("u");
+  auto w = m.add_param(u, "w", {5});
+  m.finalize();
+  m.begin_micro_batch(0, 2);
+  expect_error([&] { m.begin_micro_batch(0, 3); }, "does not follow");
+  {
+    auto s = m.gather(u);
+    s.grad(w)[0] = 1.0f;
+    s.reduce_grads();
+    expect_error([&] { s.reduce_grads(); }, "called twice in one micro-batch");
+    expect_error([&] { (void)s.grad(w); }, "after reduce_grads in the same micro-batch");
+  }
+  expect_error([&] { m.finish_grad_sync(); }, "finish_grad_sync in micro-batch 0 of 2");
+  m.begin_micro_batch(1, 2);
+  m.finish_grad_sync();
+  expect_error([&] { (void)m.grad(w); }, "after finish_grad_sync");
+  expect_error([&] { m.begin_micro_batch(0, 1); }, "does not follow");
+  m.zero_grad();
+  expect_error([&] { m.begin_micro_batch(2, 2); }, "begin_micro_batch(2, 2)");
+  expect_error([&] { m.begin_micro_batch(1, 2); }, "(none open)");
+}
+
+BOOST_AUTO_TEST_CASE(gather_pool_exhausted) {
+  comm::mpi c;
+  data_parallel_t<Z3> m(c, wrapper_options{.gather_buffers = 2});
+  std::vector<unit_id> u;
+  for (int i = 0; i < 3; ++i) {
+    u.push_back(m.add_unit("u" + std::to_string(i)));
+    m.add_param(u.back(), "w", {4});
+  }
+  m.finalize();
+  auto a = m.gather(u[0]);
+  auto b = m.gather(u[1]);
+  expect_error([&] { (void)m.gather(u[2]); }, "gather buffers are held by live scopes");
+  a.release();
+  auto d = m.gather(u[2]);  // a freed buffer is reused
+  BOOST_TEST(d.weights().size() >= 4u);
+}
+
+BOOST_AUTO_TEST_CASE(ranks_that_disagree_on_the_model) {
+  comm::mpi c;
+  data_parallel_t<Z3> m(c);
+  auto u = m.add_unit("u");
+  // The last rank registers a different shape; with one rank a different name order stands in.
+  m.add_param(u, "w", {c.rank() == c.size() - 1 && c.size() > 1 ? 5 : 4, 3});
+  if (c.size() == 1) return;  // nothing to disagree with
+  expect_error([&] { m.finalize(); }, "ranks disagree on the model");
+  c.barrier();  // every rank got here: nobody hangs in a collective
+}
+
+BOOST_AUTO_TEST_CASE(bad_options) {
+  comm::mpi c;
+  expect_error([&] { data_parallel_t<Z3> m(c, wrapper_options{.alignment = 0}); }, "alignment");
+  expect_error([&] { data_parallel_t<Z3> m(c, wrapper_options{.gather_buffers = 0}); }, "gather_buffers");
+  data_parallel_t<Z3> m(c);
+  m.add_param(m.add_unit("u"), "w", {2});
+  expect_error([&] { ShardedOptimizer o(m, adamw{}); }, "before the wrapper's finalize()");
+  m.finalize();
+  expect_error([&] { ShardedOptimizer o(m, adamw{}, {.clip_norm = -1}); }, "clip_norm");
+}
