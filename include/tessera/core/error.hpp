@@ -33,14 +33,13 @@ public:
   [[nodiscard]] const std::source_location& where() const noexcept { return where_; }
 
 private:
-  static std::string format(const std::string& message, const std::string& call,
-                            long long code, const std::source_location& where) {
-    std::string s = "tessera: " + message;
-    if (!call.empty()) s += " [" + call + " returned " + std::to_string(code) + "]";
-    s += " (";
-    s += where.file_name();
-    s += ":" + std::to_string(where.line()) + ")";
-    return s;
+  static std::string format(const std::string& message, const std::string& call, long long code,
+                            const std::source_location& where) {
+    std::ostringstream os;
+    os << "tessera: " << message;
+    if (!call.empty()) os << " [" << call << " returned " << code << "]";
+    os << " (" << where.file_name() << ":" << where.line() << ")";
+    return os.str();
   }
   std::string message_, call_;
   long long code_;

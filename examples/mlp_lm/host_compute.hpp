@@ -1,0 +1,166 @@
+#pragma once
+// Forward and backward of the MLP language model on the host: CBLAS GEMMs in
+// fp32 (bf16 compute weights are widened to fp32 per unit), plain loops for
+// embedding, GELU, residual and softmax cross-entropy.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "model.hpp"
+#include "tessera/backend/host/blas.hpp"
+#include "tessera/backend/host/buffer.hpp"
+#include "tessera/core/dtype.hpp"
+
+namespace mlp_lm {
+
+inline float gelu(float x) {
+  const float k = 0.7978845608028654f;
+  return 0.5f * x * (1.0f + std::tanh(k * (x + 0.044715f * x * x * x)));
+}
+inline float gelu_grad(float x) {
+  const float k = 0.7978845608028654f;
+  const float t = std::tanh(k * (x + 0.044715f * x * x * x));
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * k * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
+//! Activations and scratch for up to `max_tokens` tokens, in library-counted host buffers.
+template <class Wrapper>
+class host_mlp {
+  using C = typename Wrapper::compute_type;
+  using G = typename Wrapper::grad_type;
+  static_assert(std::is_same_v<G, float>, "the host trainer accumulates fp32 gradients");
+  template <class T> using buf = tessera::host::buffer<T>;
+
+public:
+  host_mlp(Wrapper& m, const model_ids& ids, const model_shape& s, std::size_t max_tokens)
+      : m_(m), ids_(ids), s_(s), n_max_(max_tokens),
+        x_(std::size_t(s.layers + 1) * max_tokens * std::size_t(s.d)),
+        h_(std::size_t(s.layers) * max_tokens * std::size_t(s.hidden())),
+        a_(max_tokens * std::size_t(s.hidden())), da_(max_tokens * std::size_t(s.hidden())),
+        dx_(max_tokens * std::size_t(s.d)), logits_(max_tokens * vocab) {
+    std::size_t widest = 0;
+    for (std::size_t u = 0; u < m.num_units(); ++u) widest = std::max(widest, m.engine().layout(u).padded_numel());
+    if constexpr (!std::is_same_v<C, float>) wide_ = buf<float>(widest);
+  }
+
+  //! One micro-batch: forward, loss, backward with gradients accumulated into the
+  //! wrapper (scaled by 1 / global_tokens), each unit's reduction started as soon
+  //! as its gradients are complete. Returns the summed cross-entropy of these tokens.
+  double forward_backward(const std::uint8_t* ctx, const std::uint8_t* target, std::size_t n, double global_tokens) {
+    TESSERA_CHECK(n <= n_max_, "micro-batch of ", n, " tokens over the planned ", n_max_);
+    const int d = s_.d, e = s_.e(), hd = s_.hidden(), L = s_.layers;
+    const auto D = std::size_t(d), H = std::size_t(hd);
+    float* X = x_.data();
+    // ---- forward ----
+    {
+      auto sc = m_.gather(ids_.embed);
+      const float* E = widen(sc.weight(ids_.table));
+      for (std::size_t j = 0; j < n; ++j)
+        for (int k = 0; k < s_.ctx; ++k)
+          std::copy_n(E + std::size_t(ctx[j * std::size_t(s_.ctx) + std::size_t(k)]) * std::size_t(e), e,
+                      X + j * D + std::size_t(k * e));
+    }
+    for (int l = 0; l < L; ++l) {
+      auto sc = m_.gather(ids_.blocks[std::size_t(l)].unit);
+      const auto& b = ids_.blocks[std::size_t(l)];
+      const float* xin = X + std::size_t(l) * n_max_ * D;
+      float* xout = X + std::size_t(l + 1) * n_max_ * D;
+      float* Hl = h_.data() + std::size_t(l) * n_max_ * H;
+      const float* w = widen(sc.weights());
+      const auto off = [&](tessera::param_id p) { return m_.engine().slot(p).offset; };
+      const float *W1 = w + off(b.w1), *B1 = w + off(b.b1), *W2 = w + off(b.w2), *B2 = w + off(b.b2);
+      for (std::size_t j = 0; j < n; ++j) std::copy_n(B1, H, Hl + j * H);
+      tessera::host::gemm(false, true, int(n), hd, d, 1.0f, xin, W1, 1.0f, Hl);  // H = X W1^T + b1
+      float* A = a_.data();
+      for (std::size_t i = 0; i < n * H; ++i) A[i] = gelu(Hl[i]);
+      for (std::size_t j = 0; j < n; ++j)
+        for (std::size_t c = 0; c < D; ++c) xout[j * D + c] = xin[j * D + c] + B2[c];
+      tessera::host::gemm(false, true, int(n), d, hd, 1.0f, A, W2, 1.0f, xout);  // X' = X + A W2^T + b2
+    }
+    const float* XL = X + std::size_t(L) * n_max_ * D;
+    double loss = 0;
+    // ---- head, loss, and the head's backward ----
+    {
+      auto sc = m_.gather(ids_.head);
+      const float* w = widen(sc.weights());
+      const float *Wh = w + m_.engine().slot(ids_.hw).offset, *Bh = w + m_.engine().slot(ids_.hb).offset;
+      float* Z = logits_.data();
+      for (std::size_t j = 0; j < n; ++j) std::copy_n(Bh, vocab, Z + j * vocab);
+      tessera::host::gemm(false, true, int(n), vocab, d, 1.0f, XL, Wh, 1.0f, Z);
+      const float inv = float(1.0 / global_tokens);
+      for (std::size_t j = 0; j < n; ++j) {
+        float* z = Z + j * vocab;
+        const float mx = *std::max_element(z, z + vocab);
+        double sum = 0;
+        for (int c = 0; c < vocab; ++c) sum += std::exp(double(z[c] - mx));
+        loss += std::log(sum) + mx - z[target[j]];
+        for (int c = 0; c < vocab; ++c) z[c] = float(std::exp(double(z[c] - mx)) / sum) * inv;  // dlogits
+        z[target[j]] -= inv;
+      }
+      auto gW = sc.grad(ids_.hw), gB = sc.grad(ids_.hb);
+      tessera::host::gemm(true, false, vocab, d, int(n), 1.0f, Z, XL, 1.0f, gW.data());  // dWh += dZ^T X
+      for (std::size_t j = 0; j < n; ++j)
+        for (int c = 0; c < vocab; ++c) gB[std::size_t(c)] += Z[j * vocab + std::size_t(c)];
+      tessera::host::gemm(false, false, int(n), d, vocab, 1.0f, Z, Wh, 0.0f, dx_.data());  // dX = dZ Wh
+      sc.reduce_grads();
+    }
+    // ---- blocks, last first ----
+    for (int l = L - 1; l >= 0; --l) {
+      auto sc = m_.gather(ids_.blocks[std::size_t(l)].unit);
+      const auto& b = ids_.blocks[std::size_t(l)];
+      const float* xin = X + std::size_t(l) * n_max_ * D;
+      const float* Hl = h_.data() + std::size_t(l) * n_max_ * H;
+      const float* w = widen(sc.weights());
+      const auto off = [&](tessera::param_id p) { return m_.engine().slot(p).offset; };
+      const float *W1 = w + off(b.w1), *W2 = w + off(b.w2);
+      float* A = a_.data();
+      for (std::size_t i = 0; i < n * H; ++i) A[i] = gelu(Hl[i]);  // recomputed, not stored
+      auto gW1 = sc.grad(b.w1), gB1 = sc.grad(b.b1), gW2 = sc.grad(b.w2), gB2 = sc.grad(b.b2);
+      float* dX = dx_.data();
+      tessera::host::gemm(true, false, d, hd, int(n), 1.0f, dX, A, 1.0f, gW2.data());  // dW2 += dY^T A
+      for (std::size_t j = 0; j < n; ++j)
+        for (std::size_t c = 0; c < D; ++c) gB2[c] += dX[j * D + c];
+      float* dA = da_.data();
+      tessera::host::gemm(false, false, int(n), hd, d, 1.0f, dX, W2, 0.0f, dA);  // dA = dY W2
+      for (std::size_t i = 0; i < n * H; ++i) dA[i] *= gelu_grad(Hl[i]);           // dH
+      tessera::host::gemm(true, false, hd, d, int(n), 1.0f, dA, xin, 1.0f, gW1.data());  // dW1 += dH^T X
+      for (std::size_t j = 0; j < n; ++j)
+        for (std::size_t c = 0; c < H; ++c) gB1[c] += dA[j * H + c];
+      tessera::host::gemm(false, false, int(n), d, hd, 1.0f, dA, W1, 1.0f, dX);  // dX += dH W1
+      sc.reduce_grads();
+    }
+    {
+      auto sc = m_.gather(ids_.embed);
+      auto gE = sc.grad(ids_.table);
+      for (std::size_t j = 0; j < n; ++j)
+        for (int k = 0; k < s_.ctx; ++k) {
+          float* row = gE.data() + std::size_t(ctx[j * std::size_t(s_.ctx) + std::size_t(k)]) * std::size_t(e);
+          const float* src = dx_.data() + j * D + std::size_t(k * e);
+          for (int c = 0; c < e; ++c) row[c] += src[c];
+        }
+      sc.reduce_grads();
+    }
+    return loss;
+  }
+
+private:
+  // fp32 view of compute weights: the weights themselves, or a widened copy.
+  const float* widen(std::span<const C> w) {
+    if constexpr (std::is_same_v<C, float>) {
+      return w.data();
+    } else {
+      for (std::size_t i = 0; i < w.size(); ++i) wide_.data()[i] = float(w[i]);
+      return wide_.data();
+    }
+  }
+
+  Wrapper& m_;
+  const model_ids& ids_;
+  model_shape s_;
+  std::size_t n_max_;
+  buf<float> x_, h_, a_, da_, dx_, logits_, wide_;
+};
+
+}  // namespace mlp_lm

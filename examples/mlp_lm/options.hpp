@@ -1,0 +1,71 @@
+#pragma once
+// Command line of tessera-mlp-lm. The flag names are an interface: scripts
+// and tests rely on them.
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <string>
+
+namespace mlp_lm {
+
+struct options {
+  std::string backend = "host", wrapper = "fsdp", strategy = "optim_grads_params", precision = "fp32";
+  int layers = 2, d = 64, ctx = 8;
+  long tokens = 1024;
+  int steps = 50, accum = 1, log_every = 10, warmup = 0;
+  double lr = 3e-3, clip = 1.0, weight_decay = 0.1;
+  std::uint64_t seed = 1;
+  std::string data;
+  bool json = false;
+};
+
+//! Parses argv into o. Returns -1 to continue, else the exit code (0 after --help).
+//! Errors print one line starting with "tessera:" to stderr.
+inline int parse(int argc, char** argv, options& o) {
+  CLI::App app{"tessera-mlp-lm: byte-level MLP language model trained with Tessera's sharded data parallelism"};
+  app.add_option("--backend", o.backend, "host or cuda")->check(CLI::IsMember({"host", "cuda"}));
+  app.add_option("--wrapper", o.wrapper, "ddp or fsdp")->check(CLI::IsMember({"ddp", "fsdp"}));
+  app.add_option("--strategy", o.strategy, "no_shard, optim, optim_grads or optim_grads_params")
+      ->check(CLI::IsMember({"no_shard", "optim", "optim_grads", "optim_grads_params"}));
+  app.add_option("--precision", o.precision, "fp32, or bf16 (bf16 compute weights, fp32 main weights and grads)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_option("--layers", o.layers, "residual MLP blocks")->check(CLI::Range(0, 1 << 12));
+  app.add_option("--d", o.d, "model width (a multiple of --ctx)")->check(CLI::Range(1, 1 << 16));
+  app.add_option("--ctx", o.ctx, "previous bytes the model sees")->check(CLI::Range(1, 1 << 12));
+  app.add_option("--tokens", o.tokens, "global batch in tokens per step, over all ranks")->check(CLI::Range(1L, 1L << 30));
+  app.add_option("--steps", o.steps, "optimizer steps")->check(CLI::Range(0, 1 << 30));
+  app.add_option("--accum", o.accum, "micro-batches per step (divides --tokens)")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--lr", o.lr, "AdamW learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--clip", o.clip, "global gradient-norm clip, 0 for none")->check(CLI::NonNegativeNumber);
+  app.add_option("--weight-decay", o.weight_decay, "AdamW decoupled weight decay (not on biases, embeddings)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--warmup", o.warmup, "linear learning-rate warm-up steps")->check(CLI::NonNegativeNumber);
+  app.add_option("--seed", o.seed, "seed of initialisation and batch sampling");
+  app.add_option("--data", o.data, "train on the bytes of this file (default: generated text)");
+  app.add_option("--log-every", o.log_every, "log every N steps")->check(CLI::Range(1, 1 << 30));
+  app.add_flag("--json", o.json, "one JSON object per logged step on rank 0, and a summary line");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::string msg = e.what();
+    for (auto& ch : msg)
+      if (ch == '\n') ch = ' ';
+    std::fprintf(stderr, "tessera: %s (see --help)\n", msg.c_str());
+    return 2;
+  }
+  auto bad = [](const std::string& m) {
+    std::fprintf(stderr, "tessera: %s\n", m.c_str());
+    return 2;
+  };
+  if (o.d % o.ctx != 0) return bad("--d " + std::to_string(o.d) + " is not a multiple of --ctx " + std::to_string(o.ctx));
+  if (o.tokens % o.accum != 0)
+    return bad("--tokens " + std::to_string(o.tokens) + " does not split into --accum " + std::to_string(o.accum) +
+               " equal micro-batches");
+  if (o.wrapper == "ddp" && o.strategy == "optim_grads_params")
+    return bad("--wrapper ddp cannot shard parameters; use --wrapper fsdp for optim_grads_params");
+  return -1;
+}
+
+}  // namespace mlp_lm

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Every bad flag or value makes tessera-mlp-lm exit non-zero with one line that
+# starts with "tessera:", before it starts MPI.
+trainer=$1
+fail=0
+check() {
+  local out rc
+  out=$("$trainer" "$@" 2>&1 >/dev/null); rc=$?
+  if [ "$rc" -eq 0 ] || [ "$(printf '%s\n' "$out" | wc -l)" -ne 1 ] || [[ "$out" != tessera:* ]]; then
+    echo "FAIL: $* -> exit $rc, stderr: $out"; fail=1
+  else
+    echo "ok: $* -> $out"
+  fi
+}
+check --strategy zero4
+check --wrapper ddp --strategy optim_grads_params
+check --d 30 --ctx 8
+check --tokens 100 --accum 3
+check --precision fp8
+check --layers -1
+check --lr 0
+check --no-such-flag
+check --steps many
+exit $fail
