@@ -9,3 +9,10 @@
 #define TESSERA_HOST_DEVICE
 #define TESSERA_CUDA_COMPILER 0
 #endif
+
+//! Asks nvcc to unroll the next loop; nothing for a host compiler.
+#if defined(__CUDACC__)
+#define TESSERA_UNROLL _Pragma("unroll")
+#else
+#define TESSERA_UNROLL
+#endif

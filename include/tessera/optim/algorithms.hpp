@@ -1,11 +1,17 @@
 #pragma once
 //! \file Optimizer algorithms: their hyper-parameters and the per-element
-//! update, one __host__ __device__ functor shared by every backend.
+//! update, one __host__ __device__ functor per algorithm shared by every
+//! backend. Each functor updates the whole optimizer range of a unit in one
+//! pass; per-tensor weight decay comes from a small table of no-decay ranges,
+//! and where compute weights have another dtype the functor writes them too.
 #include <cmath>
+#include <cstdint>
 #include <string_view>
+#include <type_traits>
 
 #include "tessera/core/config.hpp"
 #include "tessera/core/dtype.hpp"
+#include "tessera/core/vec.hpp"
 
 namespace tessera {
 
@@ -32,45 +38,125 @@ concept optimizer_algorithm = requires { typename A::tessera_algorithm; A::state
 
 namespace detail {
 
-//! The AdamW update of one element. grad_scale folds clipping (and loss unscaling) in.
-template <class M, class G>
+//! Sorted, disjoint [begin, end) ranges of a unit's optimizer range that take no weight decay.
+struct nodecay_table {
+  const std::uint64_t* begin = nullptr;
+  const std::uint64_t* end = nullptr;
+  int count = 0;
+  //! Whether element i takes weight decay (binary search; the table is tiny).
+  TESSERA_HOST_DEVICE bool decays(std::uint64_t i) const {
+    int lo = 0, hi = count;  // first range whose end > i
+    while (lo < hi) {
+      const int mid = (lo + hi) / 2;
+      if (end[mid] > i) hi = mid;
+      else lo = mid + 1;
+    }
+    return !(lo < count && begin[lo] <= i);
+  }
+};
+
+template <class M> using math_t = std::conditional_t<std::is_same_v<M, double>, double, float>;
+
+template <class F> TESSERA_HOST_DEVICE inline F root(F x) {
+#if defined(__CUDA_ARCH__)
+  return sqrt(x);
+#else
+  return std::sqrt(x);
+#endif
+}
+
+//! AdamW over one unit's optimizer range. grad_scale folds clipping in; out,
+//! when not null, receives the new weights in the compute dtype C.
+template <class M, class G, class C>
 struct adamw_kernel {
   M* w;
   const G* g;
   M* m;
   M* v;
-  float lr, beta1, beta2, eps, decay, inv_bc1, inv_bc2_sqrt, grad_scale;
+  C* out;
+  nodecay_table nodecay;
+  float lr, beta1, beta2, eps, weight_decay, inv_bc1, inv_bc2_sqrt, grad_scale;
+  bool vector_ok = false;  //!< every pointer aligned for 4-wide accesses
+
+  TESSERA_HOST_DEVICE void update(M& wi, G graw, M& mi, M& vi, std::uint64_t i) const {
+    using F = math_t<M>;
+    const F gi = F(convert<float>(graw)) * F(grad_scale);
+    F x = F(wi);
+    if (nodecay.decays(i)) x -= F(lr) * F(weight_decay) * x;
+    const F mn = F(beta1) * F(mi) + (F(1) - F(beta1)) * gi;
+    const F vn = F(beta2) * F(vi) + (F(1) - F(beta2)) * gi * gi;
+    mi = M(mn);
+    vi = M(vn);
+    x -= F(lr) * (mn * F(inv_bc1)) / (root(vn) * F(inv_bc2_sqrt) + F(eps));
+    wi = M(x);
+  }
   TESSERA_HOST_DEVICE void operator()(std::size_t i) const {
-    using F = std::conditional_t<std::is_same_v<M, double>, double, float>;
-    const F gi = F(convert<float>(g[i])) * F(grad_scale);
-    F wi = F(w[i]);
-    wi -= F(lr) * F(decay) * wi;
-    const F mi = F(beta1) * F(m[i]) + (F(1) - F(beta1)) * gi;
-    const F vi = F(beta2) * F(v[i]) + (F(1) - F(beta2)) * gi * gi;
-    m[i] = M(mi);
-    v[i] = M(vi);
-    wi -= F(lr) * (mi * F(inv_bc1)) / (sqrt(vi) * F(inv_bc2_sqrt) + F(eps));
-    w[i] = M(wi);
+    update(w[i], g[i], m[i], v[i], i);
+    if (out) out[i] = convert<C>(w[i]);
+  }
+  //! V consecutive elements from `base` (a multiple of V) with vector accesses.
+  template <int V>
+  TESSERA_HOST_DEVICE void run(std::size_t base) const {
+    auto W = load_vec<V>(w + base);
+    const auto Gv = load_vec<V>(g + base);
+    auto Mv = load_vec<V>(m + base);
+    auto Vv = load_vec<V>(v + base);
+TESSERA_UNROLL
+    for (int l = 0; l < V; ++l) update(W.v[l], Gv.v[l], Mv.v[l], Vv.v[l], base + std::size_t(l));
+    store_vec<V>(w + base, W);
+    store_vec<V>(m + base, Mv);
+    store_vec<V>(v + base, Vv);
+    if (out) {
+      vec<C, V> o;
+TESSERA_UNROLL
+      for (int l = 0; l < V; ++l) o.v[l] = convert<C>(W.v[l]);
+      store_vec<V>(out + base, o);
+    }
   }
 };
 
-//! The SGD update of one element.
-template <class M, class G>
+//! SGD over one unit's optimizer range.
+template <class M, class G, class C>
 struct sgd_kernel {
   M* w;
   const G* g;
   M* buf;
-  float lr, momentum, decay, grad_scale;
+  C* out;
+  nodecay_table nodecay;
+  float lr, momentum, weight_decay, grad_scale;
   bool nesterov;
-  TESSERA_HOST_DEVICE void operator()(std::size_t i) const {
-    using F = std::conditional_t<std::is_same_v<M, double>, double, float>;
-    F gi = F(convert<float>(g[i])) * F(grad_scale) + F(decay) * F(w[i]);
+  bool vector_ok = false;
+
+  TESSERA_HOST_DEVICE void update(M& wi, G graw, M& bi, std::uint64_t i) const {
+    using F = math_t<M>;
+    F gi = F(convert<float>(graw)) * F(grad_scale);
+    if (nodecay.decays(i)) gi += F(weight_decay) * F(wi);
     if (momentum != 0.0f) {
-      const F b = F(momentum) * F(buf[i]) + gi;
-      buf[i] = M(b);
+      const F b = F(momentum) * F(bi) + gi;
+      bi = M(b);
       gi = nesterov ? gi + F(momentum) * b : b;
     }
-    w[i] = M(F(w[i]) - F(lr) * gi);
+    wi = M(F(wi) - F(lr) * gi);
+  }
+  TESSERA_HOST_DEVICE void operator()(std::size_t i) const {
+    update(w[i], g[i], buf[i], i);
+    if (out) out[i] = convert<C>(w[i]);
+  }
+  template <int V>
+  TESSERA_HOST_DEVICE void run(std::size_t base) const {
+    auto W = load_vec<V>(w + base);
+    const auto Gv = load_vec<V>(g + base);
+    auto B = load_vec<V>(buf + base);
+TESSERA_UNROLL
+    for (int l = 0; l < V; ++l) update(W.v[l], Gv.v[l], B.v[l], base + std::size_t(l));
+    store_vec<V>(w + base, W);
+    store_vec<V>(buf + base, B);
+    if (out) {
+      vec<C, V> o;
+TESSERA_UNROLL
+      for (int l = 0; l < V; ++l) o.v[l] = convert<C>(W.v[l]);
+      store_vec<V>(out + base, o);
+    }
   }
 };
 

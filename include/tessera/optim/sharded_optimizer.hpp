@@ -8,6 +8,7 @@
 
 #include "tessera/backend/ops.hpp"
 #include "tessera/comm/communicator.hpp"
+#include "tessera/core/vec.hpp"
 #include "tessera/optim/algorithms.hpp"
 #include "tessera/wrapper/data_parallel.hpp"
 
@@ -39,7 +40,7 @@ class ShardedOptimizer {
 public:
   //! Allocates state for the wrapper's optimizer ranges (the wrapper must be finalized).
   ShardedOptimizer(Wrapper& model, Algorithm hp, optimizer_options opt = {})
-      : model_(model), e_(model.engine()), hp_(hp), opt_(opt) {
+      : e_(model.engine()), hp_(hp), opt_(opt) {
     TESSERA_CHECK(e_.finalized(), "ShardedOptimizer created before the wrapper's finalize()");
     TESSERA_CHECK(opt.clip_norm >= 0, "clip_norm must be >= 0, got ", opt.clip_norm);
     for (std::size_t u = 0; u < e_.num_units(); ++u) {
@@ -50,21 +51,35 @@ public:
         st.state.emplace_back(n);
         ops::fill(st.state.back().span(), M{});
       }
-      // The segment table: real tensor pieces inside the optimizer range with
-      // their decay flag. Padding between and after tensors is never updated.
+      // The no-decay table: tensors without weight decay, clipped to the
+      // optimizer range. Padding may take either flag: its weights, gradients
+      // and state stay zero under both updates.
+      std::vector<std::uint64_t> b, e;
       for (const auto& t : L.tensors()) {
-        const std::size_t a = std::max(t.offset, lo), b = std::min(t.offset + t.numel, lo + n);
-        if (a < b) st.segments.push_back({a - lo, b - a, t.spec.weight_decay});
+        const std::size_t a = std::max(t.offset, lo), z = std::min(t.offset + t.numel, lo + n);
+        if (a < z && !t.spec.weight_decay) {
+          b.push_back(a - lo);
+          e.push_back(z - lo);
+        }
+      }
+      st.nodecay_count = int(b.size());
+      if (!b.empty()) {
+        st.nodecay = buffer<std::uint64_t>(2 * b.size());
+        b.insert(b.end(), e.begin(), e.end());
+        ops::copy_from_host(st.nodecay.span(), std::span<const std::uint64_t>(b));
       }
       units_.push_back(std::move(st));
     }
   }
 
-  //! Bytes of optimizer state this rank holds.
+  //! Bytes this optimizer holds on this rank: its state, the no-decay tables
+  //! and the norm accumulator.
   [[nodiscard]] std::size_t state_bytes() const noexcept {
-    std::size_t b = 0;
-    for (auto& u : units_)
+    std::size_t b = acc_.size() * sizeof(double);
+    for (auto& u : units_) {
+      b += u.nodecay.size() * sizeof(std::uint64_t);
       for (auto& s : u.state) b += s.size() * sizeof(M);
+    }
     return b;
   }
   //! The learning rate at step s (1-based): schedule(s, base lr) if set, else the base.
@@ -80,13 +95,13 @@ public:
   //! clips, updates, publishes the new compute weights and zeroes gradients.
   step_result step() {
     e_.finish_grad_sync();
-    double partial[2] = {0, 0};  // sum of squares, non-finite count
-    for (std::size_t u = 0; u < units_.size(); ++u) {
-      const auto [s, bad] = ops::sum_squares(std::span<const G>(e_.norm_grads(u)));
-      partial[0] += s;
-      partial[1] += bad;
-    }
-    e_.all_reduce_host(std::span<double>(partial, 2), comm::reduce_op::sum);
+    // Partial sums of squares and non-finite counts accumulate in backend
+    // memory; one all-reduce of the two doubles, one copy to the host.
+    ops::fill(acc_.span(), 0.0);
+    for (std::size_t u = 0; u < units_.size(); ++u) ops::sum_squares_into(std::span<const G>(e_.norm_grads(u)), acc_.data());
+    e_.communicator().all_reduce(acc_.data(), acc_.data(), 2, dtype::f64, comm::reduce_op::sum);
+    double partial[2];
+    ops::copy_to_host(std::span<double>(partial, 2), std::span<const double>(acc_.span()));
     step_result r;
     r.grad_norm = partial[1] > 0 ? std::nan("") : std::sqrt(partial[0]);
     if (partial[1] > 0 || !std::isfinite(r.grad_norm)) {
@@ -101,58 +116,49 @@ public:
     r.step = step_;
     r.lr = schedule_ ? schedule_(step_, hp_.lr) : hp_.lr;
     for (std::size_t u = 0; u < units_.size(); ++u) update(u, r);
-    e_.publish_weights();
+    e_.publish_weights(/*converted=*/true);
     e_.zero_grad();
     return r;
   }
 
 private:
-  struct segment {
-    std::size_t begin, count;
-    bool decay;
-  };
+  using C = typename Wrapper::compute_type;
   struct unit_state {
     std::vector<buffer<M>> state;
-    std::vector<segment> segments;
+    buffer<std::uint64_t> nodecay;  // [begins..., ends...]
+    int nodecay_count = 0;
   };
 
+  // One pass over the unit's whole optimizer range.
   void update(std::size_t u, const step_result& r) {
+    auto& st = units_[u];
     M* w = e_.main_weights(u).data();
     const G* g = e_.opt_grads(u).data();
-    auto& st = units_[u];
-    for (const auto& s : st.segments) {
-      if constexpr (std::is_same_v<Algorithm, adamw>) {
-        const double bc1 = 1 - std::pow(hp_.beta1, double(step_)), bc2 = 1 - std::pow(hp_.beta2, double(step_));
-        detail::adamw_kernel<M, G> k{w + s.begin,
-                                     g + s.begin,
-                                     st.state[0].data() + s.begin,
-                                     st.state[1].data() + s.begin,
-                                     float(r.lr),
-                                     float(hp_.beta1),
-                                     float(hp_.beta2),
-                                     float(hp_.eps),
-                                     float(s.decay ? hp_.weight_decay : 0.0),
-                                     float(1 / bc1),
-                                     float(1 / std::sqrt(bc2)),
-                                     float(r.clip_coef)};
-        ops::for_each(s.count, k);
-      } else {
-        static_assert(std::is_same_v<Algorithm, sgd>, "tessera: unknown optimizer algorithm; use adamw or sgd");
-        detail::sgd_kernel<M, G> k{w + s.begin,          g + s.begin,
-                                   st.state[0].data() + s.begin, float(r.lr),
-                                   float(hp_.momentum),  float(s.decay ? hp_.weight_decay : 0.0),
-                                   float(r.clip_coef),   hp_.nesterov};
-        ops::for_each(s.count, k);
-      }
+    C* out = e_.compute_out(u);
+    const std::size_t n = e_.main_weights(u).size();
+    const detail::nodecay_table nd{st.nodecay.data(), st.nodecay.data() + st.nodecay_count, st.nodecay_count};
+    if constexpr (std::is_same_v<Algorithm, adamw>) {
+      const double bc1 = 1 - std::pow(hp_.beta1, double(step_)), bc2 = 1 - std::pow(hp_.beta2, double(step_));
+      detail::adamw_kernel<M, G, C> k{w, g, st.state[0].data(), st.state[1].data(), out, nd, float(r.lr),
+                                      float(hp_.beta1), float(hp_.beta2), float(hp_.eps), float(hp_.weight_decay),
+                                      float(1 / bc1), float(1 / std::sqrt(bc2)), float(r.clip_coef)};
+      k.vector_ok = aligned_for<4>(w, g, k.m, k.v) && (!out || aligned_for<4>(out));
+      ops::for_each(n, k);
+    } else {
+      static_assert(std::is_same_v<Algorithm, sgd>, "tessera: unknown optimizer algorithm; use adamw or sgd");
+      detail::sgd_kernel<M, G, C> k{w, g, st.state[0].data(), out, nd, float(r.lr), float(hp_.momentum),
+                                    float(hp_.weight_decay), float(r.clip_coef), hp_.nesterov};
+      k.vector_ok = aligned_for<4>(w, g, k.buf) && (!out || aligned_for<4>(out));
+      ops::for_each(n, k);
     }
   }
 
-  Wrapper& model_;
   engine_type& e_;
   Algorithm hp_;
   optimizer_options opt_;
   std::function<double(long, double)> schedule_;
   std::vector<unit_state> units_;
+  buffer<double> acc_{2};  // sum of squares, non-finite count
   long step_ = 0, skipped_ = 0;
 };
 

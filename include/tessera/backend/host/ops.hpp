@@ -31,15 +31,17 @@ struct backend_ops<backend::host> {
     for (std::size_t i = 0; i < n; ++i) f(i);
   }
 
-  //! Sum of squares (in double) and number of non-finite elements of x.
-  template <class T> static std::pair<double, double> sum_squares(std::span<const T> x) {
+  //! acc[0] += sum of squares of the finite elements of x (in double),
+  //! acc[1] += number of non-finite elements. acc is backend memory.
+  template <class T> static void sum_squares_into(std::span<const T> x, double* acc) {
     double s = 0, bad = 0;
     for (const T& v : x) {
       const double d = convert<double>(v);
       if (!std::isfinite(d)) bad += 1;
       else s += d * d;
     }
-    return {s, bad};
+    acc[0] += s;
+    acc[1] += bad;
   }
 
   static void synchronize() noexcept {}

@@ -401,19 +401,29 @@ public:
     else return opt_grads(u).subspan(L.shard_begin(rank()), L.shard_numel());
   }
 
-  //! After the optimizer wrote main weights: refresh the compute weights and,
-  //! where they are replicated but the optimizer is sharded, start their all-gather.
-  void publish_weights() {
+  //! Where the optimizer may write compute weights for unit u's optimizer range
+  //! in the same pass as the update; null when they alias the main weights.
+  [[nodiscard]] C* compute_out(std::size_t u) {
+    if constexpr (main_aliases_compute) {
+      return nullptr;
+    } else {
+      const auto& L = layouts_.at(u);
+      return units_[u].weights.data() + weights_offset(L, opt_range(L).first);
+    }
+  }
+
+  //! After the optimizer wrote main weights (and, if `converted`, the compute
+  //! weights through compute_out): refresh the compute weights and, where they
+  //! are replicated but the optimizer is sharded, start their all-gather.
+  void publish_weights(bool converted = false) {
     invalidate_gathered();
     for (std::size_t u = 0; u < units_.size(); ++u) {
       auto& st = units_[u];
       const auto& L = layouts_[u];
       const auto [lo, n] = opt_range(L);
       C* dst = compute_span(st, L).data() + weights_offset(L, lo);
-      if constexpr (!main_aliases_compute) {
-        const M* src = st.main.data();
-        ops::for_each(n, scale_convert<C, M>{src, dst, 1.0});
-      }
+      if constexpr (!main_aliases_compute)
+        if (!converted) ops::for_each(n, scale_convert<C, M>{st.main.data(), dst, 1.0});
       if constexpr (strategy::shards_optimizer && !strategy::shards_params)
         st.weights_ready = comm_.iall_gather(dst, st.weights.data(), n, dtype_of_v<C>);
     }
