@@ -14,5 +14,6 @@ using configs = std::tuple<
     config<optim_grads, fsdp, MPW, sum>>;
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(matches_single_rank_no_shard, Cfg, configs) {
-  tessera_test::check_matches_single_rank_no_shard<Cfg>();
+  comm::mpi c;
+  tessera_test::check_matches_single_rank_no_shard<Cfg>(c);
 }

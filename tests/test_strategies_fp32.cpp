@@ -15,7 +15,8 @@ using configs = std::tuple<
     config<no_shard, ddp, F, post_divide>, config<no_shard, fsdp, F, sum>>;
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(matches_single_rank_no_shard, Cfg, configs) {
-  tessera_test::check_matches_single_rank_no_shard<Cfg>();
+  comm::mpi c;
+  tessera_test::check_matches_single_rank_no_shard<Cfg>(c);
 }
 
 // The single-rank fp32 run itself against plain float64 arithmetic.

@@ -3,6 +3,7 @@
 //! translation unit can see. The CUDA backend and NCCL are included only when
 //! compiled by nvcc (or with TESSERA_WITH_CUDA defined), so a host-only program
 //! never sees a CUDA header.
+#include "tessera/core/config.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/shape.hpp"
@@ -21,3 +22,10 @@
 #include "tessera/wrapper/data_parallel.hpp"
 #include "tessera/optim/algorithms.hpp"
 #include "tessera/optim/sharded_optimizer.hpp"
+#if TESSERA_CUDA_COMPILER || defined(TESSERA_WITH_CUDA)
+#include "tessera/backend/cuda/ops.cuh"
+#include "tessera/comm/mpi_device.hpp"
+#if __has_include(<nccl.h>)
+#include "tessera/comm/nccl.hpp"
+#endif
+#endif

@@ -20,12 +20,12 @@ constexpr double tolerance() {
   else return 8 * tessera::epsilon_of<tessera::bf16>;
 }
 
-template <class Cfg>
-void check_matches_single_rank_no_shard() {
+//! Cfg over communicator c against no_shard over comm::local of the same backend.
+template <class Cfg, class Comm>
+void check_matches_single_rank_no_shard(Comm& c) {
   using namespace tessera;
-  using Ref = config<no_shard, ddp, typename Cfg::precision, typename Cfg::averaging, backend::host>;
-  comm::mpi c;
-  comm::local<> solo;
+  using Ref = config<no_shard, ddp, typename Cfg::precision, typename Cfg::averaging, typename Cfg::backend_type>;
+  comm::local<typename Cfg::backend_type> solo;
   const int N = c.size();
   for (std::size_t align : {std::size_t(1), std::size_t(16)})
     for (int alg = 0; alg < 2; ++alg) {

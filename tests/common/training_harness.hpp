@@ -65,6 +65,7 @@ template <class Cfg, class Alg, class Comm>
 run_result train(Comm& c, Alg alg, const run_params& p) {
   using namespace tessera;
   using W = data_parallel_t<Cfg>;
+  using ops = backend_ops<typename Cfg::backend_type>;
   const int N = c.size(), r = c.rank();
   W model(c, wrapper_options{.alignment = p.alignment});
   const auto defs = awkward_model();
@@ -101,9 +102,14 @@ run_result train(Comm& c, Alg alg, const run_params& p) {
       for (std::size_t u = units.size(); u-- > 0;) {  // backward, last unit first
         auto s = model.gather(units[u]);
         for (std::size_t t = 0; t < params[u].size(); ++t) {
-          auto w = s.weight(params[u][t]);
-          auto g = s.grad(params[u][t]);
-          BOOST_REQUIRE_EQUAL(w.size(), g.size());
+          // Through host copies, so the same code drives every backend.
+          auto wd = s.weight(params[u][t]);
+          auto gd = s.grad(params[u][t]);
+          BOOST_REQUIRE_EQUAL(wd.size(), gd.size());
+          std::vector<typename W::compute_type> w(wd.size());
+          std::vector<typename W::grad_type> g(gd.size());
+          ops::copy_to_host(std::span(w), wd);
+          ops::copy_to_host(std::span(g), std::span<const typename W::grad_type>(gd));
           const std::size_t n = w.size();
           for (long k = k0; k < k1; ++k)
             for (std::size_t i = 0; i < n; ++i) {
@@ -113,6 +119,7 @@ run_result train(Comm& c, Alg alg, const run_params& p) {
             }
           if (p.nonfinite_at_step1_on_last_rank && step == 1 && r == N - 1 && u == 1 && t == 2 && n > 0)
             g[n / 2] = convert<typename W::grad_type>(std::nan(""));
+          ops::copy_from_host(gd, std::span<const typename W::grad_type>(g));
         }
         s.reduce_grads();
       }

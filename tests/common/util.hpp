@@ -34,3 +34,11 @@ std::string type_name() {
 inline bool close(double a, double b, double tol) { return std::abs(a - b) <= tol * std::max(1.0, std::abs(b)); }
 
 }  // namespace tessera_test
+
+#include "tessera/policy/config.hpp"
+namespace tessera_test {
+//! The same policies on another backend.
+template <class Cfg, class B>
+using on_backend = tessera::config<typename Cfg::strategy, typename Cfg::wrapper, typename Cfg::precision,
+                                   typename Cfg::averaging, B>;
+}  // namespace tessera_test

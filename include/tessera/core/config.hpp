@@ -10,8 +10,8 @@
 #define TESSERA_CUDA_COMPILER 0
 #endif
 
-//! Asks nvcc to unroll the next loop; nothing for a host compiler.
-#if defined(__CUDACC__)
+//! Asks nvcc to unroll the next loop in device code; nothing for a host compiler.
+#if defined(__CUDA_ARCH__)
 #define TESSERA_UNROLL _Pragma("unroll")
 #else
 #define TESSERA_UNROLL

@@ -1,0 +1,163 @@
+// tessera-bench-optim: the optimizer step's kernels on one GPU, each beside
+// the device-copy bandwidth measured in the same run.
+//
+//   fused AdamW, fp32 grads:               reads w g m v, writes w m v          28 B/element
+//   fused AdamW, bf16 grads + bf16 shard:   reads w g m v, writes w m v + bf16   28 B/element
+//   the same over 2048 tensors (1024 without weight decay: the no-decay table)
+//   SGD with momentum:                     reads w g b, writes w b               20 B/element
+//   cast fp32 -> bf16:                                                          6 B/element
+//   sum of squares (the norm), fp32:                                           4 B/element
+//
+// The copy is cudaMemcpyAsync device to device; its bandwidth counts bytes
+// read plus bytes written, like the kernels'. Times are medians of CUDA-event
+// timings after warm-up, on random data.
+#include <cuda_runtime.h>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "tessera/tessera.hpp"
+
+using namespace tessera;
+using ops = backend_ops<backend::cuda>;
+template <class T> using dbuf = tessera::cuda::buffer<T>;
+
+namespace {
+template <class T>
+struct random_fill {
+  T* p;
+  std::uint64_t seed;
+  float scale, offset;
+  __device__ void operator()(std::size_t i) const {
+    std::uint64_t x = (i + 1) * 0x9e3779b97f4a7c15ull ^ seed;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    p[i] = convert<T>(float(double(x >> 40) * 0x1p-24) * scale + offset);
+  }
+};
+template <class T> dbuf<T> random_buffer(std::size_t n, std::uint64_t seed, float scale = 2, float offset = -1) {
+  dbuf<T> b(n);
+  ops::for_each(n, random_fill<T>{b.data(), seed, scale, offset});
+  return b;
+}
+struct cast_fn {
+  const float* in;
+  bf16* out;
+  bool vector_ok = true;
+  __device__ void operator()(std::size_t i) const { out[i] = bf16(in[i]); }
+  template <int V> __device__ void run(std::size_t base) const {
+    const auto x = load_vec<V>(in + base);
+    vec<bf16, V> y;
+    TESSERA_UNROLL
+    for (int l = 0; l < V; ++l) y.v[l] = bf16(x.v[l]);
+    store_vec<V>(out + base, y);
+  }
+};
+
+// Median milliseconds of `iters` runs of f after `warmup` runs.
+double time_ms(const std::function<void()>& f, int warmup, int iters) {
+  tessera::cuda::event a(true), b(true);
+  for (int i = 0; i < warmup; ++i) f();
+  std::vector<float> t;
+  for (int i = 0; i < iters; ++i) {
+    a.record(tessera::cuda::current_stream());
+    f();
+    b.record(tessera::cuda::current_stream());
+    b.synchronize();
+    float ms = 0;
+    TESSERA_CUDA(cudaEventElapsedTime(&ms, a.get(), b.get()));
+    t.push_back(ms);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"tessera-bench-optim: optimizer-step kernels against the device copy bandwidth"};
+  int log2n = 30, warmup = 3, iters = 20;
+  std::string json;
+  double min_ratio = 0;
+  app.add_option("--log2-elements", log2n, "elements in the shard, as a power of two")->check(CLI::Range(10, 32));
+  app.add_option("-w,--warmup", warmup, "warm-up runs");
+  app.add_option("-n,--iters", iters, "timed runs (the median is reported)")->check(CLI::Range(1, 100000));
+  app.add_option("--json", json, "write the results as JSON to this file");
+  app.add_option("--min-ratio", min_ratio, "exit 1 when fused AdamW (fp32, one tensor) falls under this fraction of copy");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    const std::size_t n = std::size_t(1) << log2n;
+    cudaDeviceProp prop{};
+    TESSERA_CUDA(cudaGetDeviceProperties(&prop, 0));
+    std::printf("# tessera-bench-optim on %s, %zu elements (2^%d), median of %d runs\n", prop.name, n, log2n, iters);
+
+    nlohmann::json out{{"device", prop.name}, {"elements", n}, {"iters", iters}, {"results", nlohmann::json::array()}};
+    // The ceiling: a device-to-device copy of 8 bytes per element.
+    double copy_gbs = 0;
+    {
+      dbuf<float> a = random_buffer<float>(2 * n, 1), b(2 * n);
+      const double ms = time_ms([&] { ops::copy(b.span(), std::span<const float>(a.span())); }, warmup, iters);
+      copy_gbs = 2.0 * 2 * n * sizeof(float) / (ms * 1e6);
+      std::printf("%-44s %9.3f ms %9.1f GB/s\n", "copy (device to device, read + write)", ms, copy_gbs);
+      out["copy_gbs"] = copy_gbs;
+    }
+    std::printf("%-44s %12s %14s %8s\n", "kernel", "time", "bandwidth", "of copy");
+    double adamw_ratio = 0;
+    auto report = [&](const std::string& name, double ms, double bytes_per_elem) {
+      const double gbs = bytes_per_elem * double(n) / (ms * 1e6);
+      std::printf("%-44s %9.3f ms %9.1f GB/s %7.1f%%\n", name.c_str(), ms, gbs, 100 * gbs / copy_gbs);
+      out["results"].push_back({{"name", name}, {"ms", ms}, {"gbs", gbs}, {"ratio", gbs / copy_gbs},
+                                {"bytes_per_element", bytes_per_elem}});
+      return gbs / copy_gbs;
+    };
+    auto w = random_buffer<float>(n, 2), m = random_buffer<float>(n, 3, 0.2f, -0.1f), v = random_buffer<float>(n, 4, 0.01f, 0.0f);
+    {
+      auto g = random_buffer<float>(n, 5);
+      detail::adamw_kernel<float, float, float> k{w.data(), g.data(), m.data(), v.data(), nullptr, {}, 1e-4f, 0.9f,
+                                                  0.95f, 1e-8f, 0.1f, 1.1f, 1.05f, 1.0f};
+      k.vector_ok = true;
+      adamw_ratio = report("fused AdamW, fp32 grads, 1 tensor", time_ms([&] { ops::for_each(n, k); }, warmup, iters), 28);
+      detail::sgd_kernel<float, float, float> s{w.data(), g.data(), m.data(), nullptr, {}, 1e-3f, 0.9f, 1e-4f, 1.0f, true};
+      s.vector_ok = true;
+      report("SGD, momentum + Nesterov, fp32", time_ms([&] { ops::for_each(n, s); }, warmup, iters), 20);
+      dbuf<double> acc(2);
+      report("sum of squares (global norm), fp32",
+             time_ms([&] { ops::sum_squares_into(std::span<const float>(g.span()), acc.data()); }, warmup, iters), 4);
+    }
+    {
+      auto g = random_buffer<bf16>(n, 6);
+      dbuf<bf16> shard(n);
+      detail::adamw_kernel<float, bf16, bf16> k{w.data(), g.data(), m.data(), v.data(), shard.data(), {}, 1e-4f, 0.9f,
+                                                0.95f, 1e-8f, 0.1f, 1.1f, 1.05f, 1.0f};
+      k.vector_ok = true;
+      report("fused AdamW, bf16 grads -> bf16 shard", time_ms([&] { ops::for_each(n, k); }, warmup, iters), 28);
+      // 2048 equal tensors, every other one without weight decay.
+      std::vector<std::uint64_t> table;
+      const std::size_t per = n / 2048;
+      for (std::size_t t = 1; t < 2048; t += 2) table.push_back(t * per);
+      for (std::size_t t = 1; t < 2048; t += 2) table.push_back((t + 1) * per);
+      dbuf<std::uint64_t> dt(table.size());
+      ops::copy_from_host(dt.span(), std::span<const std::uint64_t>(table));
+      k.nodecay = {dt.data(), dt.data() + 1024, 1024};
+      report("fused AdamW, bf16 -> bf16, 2048 tensors", time_ms([&] { ops::for_each(n, k); }, warmup, iters), 28);
+      cast_fn c{w.data(), shard.data()};
+      report("cast fp32 -> bf16", time_ms([&] { ops::for_each(n, c); }, warmup, iters), 6);
+    }
+    if (!json.empty()) std::ofstream(json) << out.dump(2) << "\n";
+    if (min_ratio > 0 && adamw_ratio < min_ratio) {
+      std::printf("tessera: fused AdamW at %.1f%% of copy, under the floor %.1f%%\n", 100 * adamw_ratio, 100 * min_ratio);
+      return 1;
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
+}

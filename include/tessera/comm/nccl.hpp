@@ -1,0 +1,268 @@
+#pragma once
+//! \file comm::nccl: a communicator over NCCL for device memory.
+//!
+//! Collectives run on the communicator's own stream. Before each, that stream
+//! waits for an event recorded on the caller's compute stream
+//! (cuda::current_stream()), so the inputs are ready; the returned request's
+//! wait() makes the compute stream wait for the collective's completion event.
+//! No host synchronisation anywhere: "blocking" forms are ordered on the
+//! device the same way and return at once.
+//!
+//! With nccl_options::timeout_s > 0 the communicator is non-blocking
+//! (NCCL's config.blocking = 0): every call, and every wait(), polls
+//! ncclCommGetAsyncError and the completion event against the deadline; a
+//! collective that does not finish in time, or an asynchronous NCCL error,
+//! aborts the communicator (ncclCommAbort) and throws a tessera::error naming
+//! the operation, rank and size. Such waits are host waits.
+#include <mpi.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include <unistd.h>
+
+#include "tessera/backend/cuda/stream.hpp"
+#include "tessera/comm/communicator.hpp"
+#include "tessera/comm/mpi.hpp"
+
+namespace tessera::detail {
+[[noreturn]] inline void throw_nccl_error(ncclComm_t comm, ncclResult_t rc, const char* call,
+                                          std::source_location where) {
+  std::string msg = std::string("NCCL call failed: ") + ncclGetErrorString(rc);
+  if (comm) {
+    const char* last = ncclGetLastError(comm);
+    if (last && *last) msg += std::string(" (") + last + ")";
+  }
+  throw error(msg, call, static_cast<long long>(rc), where);
+}
+}  // namespace tessera::detail
+
+namespace tessera::comm {
+
+struct nccl_options {
+  //! Seconds a collective may take before the communicator is aborted; 0 = no timeout (blocking NCCL).
+  double timeout_s = 0;
+  //! How long non-zero ranks wait for a rendezvous file to appear.
+  double rendezvous_timeout_s = 120;
+};
+
+class nccl {
+public:
+  using backend_type = backend::cuda;
+
+  //! A world of one rank on the current device: no bootstrap needed.
+  explicit nccl(nccl_options o = {}) : opt_(o) {
+    ncclUniqueId id;
+    TESSERA_NCCL(nullptr, ncclGetUniqueId(&id));
+    init(0, 1, id);
+  }
+  //! Ranks of `bootstrap` (MPI, launched by mpirun or srun); the unique id is
+  //! broadcast from its rank 0. Each rank uses its current CUDA device.
+  explicit nccl(mpi& bootstrap, nccl_options o = {}) : opt_(o) {
+    ncclUniqueId id{};
+    if (bootstrap.rank() == 0) TESSERA_NCCL(nullptr, ncclGetUniqueId(&id));
+    bootstrap.broadcast(&id, sizeof id, dtype::u8, 0);
+    init(bootstrap.rank(), bootstrap.size(), id);
+  }
+  //! Without MPI: rank 0 writes the unique id to `path` (atomically: a
+  //! temporary file renamed into place), the others wait for it to appear.
+  nccl(int rank, int size, const std::string& path, nccl_options o = {}) : opt_(o) {
+    TESSERA_CHECK(size >= 1 && rank >= 0 && rank < size, "nccl: rank ", rank, " of ", size);
+    ncclUniqueId id{};
+    if (rank == 0) {
+      TESSERA_NCCL(nullptr, ncclGetUniqueId(&id));
+      const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+      {
+        std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+        f.write(reinterpret_cast<const char*>(&id), sizeof id);
+        f.flush();
+        TESSERA_CHECK(f.good(), "nccl rendezvous: cannot write '", tmp, "'");
+      }
+      std::filesystem::rename(tmp, path);
+    } else {
+      const auto deadline = clock::now() + std::chrono::duration<double>(o.rendezvous_timeout_s);
+      for (;;) {
+        std::error_code ec;
+        if (std::filesystem::file_size(path, ec) == sizeof id && !ec) break;
+        TESSERA_CHECK(clock::now() < deadline, "nccl rendezvous: '", path, "' did not appear within ",
+                      o.rendezvous_timeout_s, " s (rank ", rank, " of ", size, ")");
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      std::ifstream f(path, std::ios::binary);
+      f.read(reinterpret_cast<char*>(&id), sizeof id);
+      TESSERA_CHECK(f.good(), "nccl rendezvous: cannot read '", path, "'");
+    }
+    init(rank, size, id);
+  }
+  nccl(nccl&& o) noexcept
+      : opt_(o.opt_), comm_(std::exchange(o.comm_, nullptr)), stream_(std::move(o.stream_)), rank_(o.rank_),
+        size_(o.size_), aborted_(o.aborted_) {}
+  nccl& operator=(nccl&&) = delete;
+  nccl(const nccl&) = delete;
+  nccl& operator=(const nccl&) = delete;
+  ~nccl() {
+    if (!comm_) return;
+    if (aborted_) return;
+    if (opt_.timeout_s > 0) ncclCommAbort(comm_);  // a non-blocking destroy could wait forever
+    else ncclCommDestroy(comm_);
+  }
+
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  [[nodiscard]] int size() const noexcept { return size_; }
+  [[nodiscard]] ncclComm_t native() const noexcept { return comm_; }
+  [[nodiscard]] cudaStream_t stream() const noexcept { return stream_.get(); }
+
+  //! Ranks with the same color form a new communicator, ordered by key. Collective.
+  [[nodiscard]] nccl split(int color, int key) {
+    ncclConfig_t cfg = config();
+    ncclComm_t c = nullptr;
+    issue("split", 0, dtype::u8, [&] { return ncclCommSplit(comm_, color, key, &c, &cfg); });
+    return nccl(c, opt_);
+  }
+
+  void all_gather(const void* s, void* r, std::size_t n, dtype t) { iall_gather(s, r, n, t).wait(); }
+  void reduce_scatter(const void* s, void* r, std::size_t n, dtype t, reduce_op op) {
+    ireduce_scatter(s, r, n, t, op).wait();
+  }
+  void all_reduce(const void* s, void* r, std::size_t n, dtype t, reduce_op op) { iall_reduce(s, r, n, t, op).wait(); }
+  void broadcast(void* b, std::size_t n, dtype t, int root) {
+    run("broadcast", n, t, [&] { return ncclBroadcast(b, b, n, type(t), root, comm_, stream_.get()); }).wait();
+  }
+  void barrier() {
+    // An all-reduce of one byte, waited for on the host: NCCL has no barrier.
+    if (!barrier_) TESSERA_CUDA(cudaMalloc(&barrier_, 1));
+    auto q = run("barrier", 1, dtype::u8, [&] { return ncclAllReduce(barrier_, barrier_, 1, ncclUint8, ncclSum, comm_, stream_.get()); });
+    q.wait();
+    TESSERA_CUDA(cudaStreamSynchronize(cuda::current_stream()));
+  }
+
+  [[nodiscard]] request iall_gather(const void* s, void* r, std::size_t n, dtype t) {
+    return run("all_gather", n, t, [&] { return ncclAllGather(s, r, n, type(t), comm_, stream_.get()); });
+  }
+  [[nodiscard]] request ireduce_scatter(const void* s, void* r, std::size_t n, dtype t, reduce_op op) {
+    return run("reduce_scatter", n, t,
+               [&] { return ncclReduceScatter(s, r, n, type(t), nccl_op(op), comm_, stream_.get()); });
+  }
+  [[nodiscard]] request iall_reduce(const void* s, void* r, std::size_t n, dtype t, reduce_op op) {
+    return run("all_reduce", n, t, [&] { return ncclAllReduce(s, r, n, type(t), nccl_op(op), comm_, stream_.get()); });
+  }
+
+private:
+  using clock = std::chrono::steady_clock;
+  nccl(ncclComm_t c, nccl_options o) : opt_(o), comm_(c) {
+    TESSERA_NCCL(comm_, ncclCommUserRank(comm_, &rank_));
+    TESSERA_NCCL(comm_, ncclCommCount(comm_, &size_));
+  }
+  ncclConfig_t config() const {
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = opt_.timeout_s > 0 ? 0 : 1;
+    return cfg;
+  }
+  void init(int rank, int size, const ncclUniqueId& id) {
+    ncclConfig_t cfg = config();
+    rank_ = rank;
+    size_ = size;
+    ncclUniqueId copy = id;
+    issue("init", 0, dtype::u8, [&] { return ncclCommInitRankConfig(&comm_, size, copy, rank, &cfg); });
+  }
+  static ncclDataType_t type(dtype t) {
+    switch (t) {
+      case dtype::f32: return ncclFloat32;
+      case dtype::f64: return ncclFloat64;
+      case dtype::bf16: return ncclBfloat16;
+      case dtype::f16: return ncclFloat16;
+      case dtype::i32: return ncclInt32;
+      case dtype::i64: return ncclInt64;
+      case dtype::u8: return ncclUint8;
+    }
+    return ncclFloat32;
+  }
+  static ncclRedOp_t nccl_op(reduce_op op) {
+    switch (op) {
+      case reduce_op::sum: return ncclSum;
+      case reduce_op::avg: return ncclAvg;
+      case reduce_op::max: return ncclMax;
+      case reduce_op::min: return ncclMin;
+    }
+    return ncclSum;
+  }
+  [[noreturn]] void fail_op(const char* what, std::size_t n, dtype t, const std::string& why) {
+    if (comm_ && !aborted_) {
+      ncclCommAbort(comm_);
+      aborted_ = true;
+    }
+    tessera::detail::fail(tessera::detail::concat("NCCL ", what, " (", n, " x ", name_of(t), ") on rank ", rank_, " of ", size_, " ",
+                                why, "; the communicator was aborted and cannot be used again"));
+  }
+  // Issues an NCCL call; in non-blocking mode waits (bounded) until NCCL accepted it.
+  template <class F>
+  void issue(const char* what, std::size_t n, dtype t, F&& call) {
+    TESSERA_CHECK(!aborted_, "NCCL ", what, " on an aborted communicator (rank ", rank_, " of ", size_, ")");
+    ncclResult_t rc = call();
+    if (opt_.timeout_s <= 0) {
+      if (rc != ncclSuccess) {
+        std::string why = std::string("failed: ") + ncclGetErrorString(rc);
+        if (comm_) {
+          const char* last = ncclGetLastError(comm_);
+          if (last && *last) why += std::string(" (") + last + ")";
+        }
+        fail_op(what, n, t, why);
+      }
+      return;
+    }
+    const auto deadline = clock::now() + std::chrono::duration<double>(opt_.timeout_s);
+    while (rc == ncclInProgress || rc == ncclSuccess) {
+      ncclResult_t st = ncclSuccess;
+      if (comm_ && ncclCommGetAsyncError(comm_, &st) != ncclSuccess) break;
+      if (st == ncclSuccess) return;
+      if (st != ncclInProgress) {
+        rc = st;
+        break;
+      }
+      if (clock::now() > deadline) fail_op(what, n, t, tessera::detail::concat("was not accepted within ", opt_.timeout_s, " s"));
+      std::this_thread::yield();
+    }
+    fail_op(what, n, t, std::string("failed: ") + ncclGetErrorString(rc));
+  }
+  // The collective on the communicator's stream, ordered after the compute stream's work so far.
+  template <class F>
+  request run(const char* what, std::size_t n, dtype t, F&& call) {
+    const cudaStream_t compute = cuda::current_stream();
+    auto ready = std::make_shared<cuda::event>();
+    ready->record(compute);
+    ready->wait_on(stream_.get());
+    issue(what, n, t, call);
+    auto done = std::make_shared<cuda::event>();
+    done->record(stream_.get());
+    return request([this, done, compute, what, n, t] {
+      if (opt_.timeout_s > 0) {
+        const auto deadline = clock::now() + std::chrono::duration<double>(opt_.timeout_s);
+        while (!done->done()) {
+          ncclResult_t st = ncclSuccess;
+          ncclCommGetAsyncError(comm_, &st);
+          if (st != ncclSuccess && st != ncclInProgress)
+            fail_op(what, n, t, std::string("failed: ") + ncclGetErrorString(st));
+          if (clock::now() > deadline)
+            fail_op(what, n, t, tessera::detail::concat("did not complete within ", opt_.timeout_s, " s"));
+          std::this_thread::yield();
+        }
+      }
+      done->wait_on(compute);
+    });
+  }
+
+  nccl_options opt_;
+  ncclComm_t comm_ = nullptr;
+  cuda::stream stream_;
+  int rank_ = 0, size_ = 1;
+  bool aborted_ = false;
+  void* barrier_ = nullptr;
+};
+
+}  // namespace tessera::comm

@@ -1,0 +1,217 @@
+// CUDA backend pieces against references on fresh random data of awkward
+// sizes: conversions, fill/copy, the for_each paths, the fused optimizer pass
+// against float64, the norm reduction, comm::mpi_device at every world size,
+// comm::nccl at world size 1 (blocking, with a timeout, through a rendezvous
+// file), and the error path.
+#define BOOST_TEST_MODULE tessera_kernels_cuda
+#include "common/mpi_test_main.hpp"
+#include "common/util.hpp"
+
+#include <cmath>
+#include <filesystem>
+#include <random>
+#include <vector>
+
+#include "tessera/tessera.hpp"
+
+using namespace tessera;
+using ops = backend_ops<backend::cuda>;
+template <class T> using dbuf = tessera::cuda::buffer<T>;
+
+namespace {
+template <class T> std::vector<T> to_host(const dbuf<T>& b) {
+  std::vector<T> h(b.size());
+  ops::copy_to_host(std::span<T>(h), b.span());
+  return h;
+}
+template <class T> dbuf<T> to_device(const std::vector<T>& h) {
+  dbuf<T> b(h.size());
+  ops::copy_from_host(b.span(), std::span<const T>(h));
+  return b;
+}
+struct widen_fn {
+  const bf16* in;
+  float* out;
+  __device__ void operator()(std::size_t i) const { out[i] = float(in[i]); }
+};
+struct narrow_fn {
+  const float* in;
+  bf16* out;
+  fp16* out16;
+  __device__ void operator()(std::size_t i) const {
+    out[i] = bf16(in[i]);
+    out16[i] = fp16(in[i]);
+  }
+};
+const std::size_t sizes[] = {1, 3, 7, 33, 1001, (1u << 20) + 3};
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(conversions_on_device_match_host) {
+  std::vector<bf16> all(1 << 16);
+  for (std::size_t b = 0; b < all.size(); ++b) all[b] = bf16::from_bits(std::uint16_t(b));
+  auto d_all = to_device(all);
+  dbuf<float> d_wide(all.size());
+  ops::for_each(all.size(), widen_fn{d_all.data(), d_wide.data()});
+  const auto wide = to_host(d_wide);
+  for (std::size_t b = 0; b < all.size(); ++b) {
+    const float h = float(all[b]);
+    BOOST_TEST((std::isnan(h) ? std::isnan(wide[b]) : wide[b] == h));
+  }
+  std::vector<float> xs(1 << 20);
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    std::uint32_t u = std::uint32_t(tessera_test::mix(i + 99));
+    std::memcpy(&xs[i], &u, 4);
+    if (std::isnan(xs[i])) xs[i] = 0.5f;
+  }
+  auto d_x = to_device(xs);
+  dbuf<bf16> d_b(xs.size());
+  dbuf<fp16> d_h(xs.size());
+  ops::for_each(xs.size(), narrow_fn{d_x.data(), d_b.data(), d_h.data()});
+  const auto b = to_host(d_b);
+  const auto h = to_host(d_h);
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < xs.size(); ++i) bad += (b[i].bits != bf16(xs[i]).bits) + (h[i].bits != fp16(xs[i]).bits);
+  BOOST_TEST(bad == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(fill_copy_and_memory_accounting) {
+  const std::size_t before = memory_of<backend::cuda>().current();
+  for (std::size_t n : sizes) {
+    dbuf<float> a(n), b(n);
+    BOOST_TEST(memory_of<backend::cuda>().current() == before + 2 * n * sizeof(float));
+    ops::fill(a.span(), 2.5f);
+    ops::fill(b.span(), std::nanf(""));  // poison
+    ops::copy(b.span(), std::span<const float>(a.span()));
+    for (float x : to_host(b)) BOOST_TEST_REQUIRE(x == 2.5f);
+  }
+  BOOST_TEST(memory_of<backend::cuda>().current() == before);
+}
+
+BOOST_AUTO_TEST_CASE(sum_squares_against_float64) {
+  std::mt19937_64 rng(std::random_device{}());
+  std::normal_distribution<float> nd;
+  for (std::size_t n : sizes) {
+    std::vector<float> x(n);
+    double ref = 0;
+    for (auto& v : x) {
+      v = nd(rng);
+      ref += double(v) * v;
+    }
+    auto d = to_device(x);
+    dbuf<double> acc(2);
+    ops::fill(acc.span(), 0.0);
+    ops::sum_squares_into(std::span<const float>(d.span()), acc.data());
+    ops::sum_squares_into(std::span<const float>(d.span()), acc.data());  // accumulates
+    auto a = to_host(acc);
+    BOOST_TEST(std::abs(a[0] - 2 * ref) <= 1e-12 * 2 * ref);
+    BOOST_TEST(a[1] == 0.0);
+    x[n / 2] = std::numeric_limits<float>::infinity();
+    auto d2 = to_device(x);
+    ops::fill(acc.span(), 0.0);
+    ops::sum_squares_into(std::span<const float>(d2.span()), acc.data());
+    BOOST_TEST(to_host(acc)[1] == 1.0);
+  }
+}
+
+// The fused AdamW pass on the device (vector and scalar paths) against float64.
+BOOST_AUTO_TEST_CASE(adamw_pass_against_float64) {
+  std::mt19937_64 rng(std::random_device{}());
+  std::normal_distribution<double> nd;
+  for (std::size_t n : sizes)
+    for (int path = 0; path < 2; ++path) {
+      std::vector<float> w(n), m(n), v(n);
+      std::vector<bf16> g(n);
+      for (std::size_t i = 0; i < n; ++i) {
+        w[i] = float(nd(rng)); m[i] = float(0.1 * nd(rng)); v[i] = float(std::abs(0.01 * nd(rng)));
+        g[i] = bf16(float(nd(rng)));
+      }
+      auto dw = to_device(w), dm = to_device(m), dv = to_device(v);
+      auto dg = to_device(g);
+      dbuf<bf16> dout(n);
+      ops::fill(dout.span(), bf16(std::nanf("")));
+      const std::vector<std::uint64_t> table{n / 3, n / 3 + n / 4};
+      auto dt = to_device(table);
+      const double lr = 1e-3, b1 = 0.9, b2 = 0.95, eps = 1e-8, decay = 0.1, scale = 0.7;
+      const double bc1 = 1 - std::pow(b1, 7), bc2 = 1 - std::pow(b2, 7);
+      detail::adamw_kernel<float, bf16, bf16> k{dw.data(), dg.data(), dm.data(), dv.data(), dout.data(),
+                                                {dt.data(), dt.data() + 1, 1}, float(lr), float(b1), float(b2),
+                                                float(eps), float(decay), float(1 / bc1), float(1 / std::sqrt(bc2)),
+                                                float(scale)};
+      k.vector_ok = path == 0;
+      ops::for_each(n, k);
+      const auto W = to_host(dw), M = to_host(dm), V = to_host(dv);
+      const auto O = to_host(dout);
+      std::size_t wrong = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        const double gi = double(float(g[i])) * scale;
+        double wd = w[i];
+        if (!(i >= table[0] && i < table[1])) wd -= lr * decay * wd;
+        const double md = b1 * m[i] + (1 - b1) * gi, vd = b2 * v[i] + (1 - b2) * gi * gi;
+        wd -= lr * (md / bc1) / (std::sqrt(vd / bc2) + eps);
+        wrong += !(std::abs(W[i] - wd) <= 4e-7 * std::max(1.0, std::abs(wd))) +
+                 !(std::abs(M[i] - md) <= 4e-7 * std::max(1.0, std::abs(md))) +
+                 !(std::abs(V[i] - vd) <= 4e-7 * std::max(1e-3, std::abs(vd))) + (O[i].bits != bf16(W[i]).bits);
+      }
+      BOOST_TEST_CONTEXT("n " << n << (path == 0 ? " vector" : " scalar") << " path") { BOOST_TEST(wrong == 0u); }
+    }
+}
+
+BOOST_AUTO_TEST_CASE(mpi_device_collectives) {
+  comm::mpi_device c;
+  const int N = c.size(), r = c.rank();
+  for (std::size_t n : {std::size_t(1), std::size_t(1001)}) {
+    std::vector<float> mine(n * std::size_t(N));
+    for (std::size_t i = 0; i < mine.size(); ++i) mine[i] = float((r + 1) * int(i % 7));
+    auto d = to_device(mine);
+    dbuf<float> out(n), all(n * std::size_t(N));
+    comm::reduce_scatter(c, std::span<const float>(d.span()), out.span());
+    const auto o = to_host(out);
+    const float ranks = float(N * (N + 1) / 2);
+    for (std::size_t i = 0; i < n; ++i) BOOST_TEST(o[i] == ranks * float((std::size_t(r) * n + i) % 7));
+    c.all_gather(d.data(), all.data(), n, dtype::f32);
+    const auto a = to_host(all);
+    for (int q = 0; q < N; ++q)
+      for (std::size_t i = 0; i < n; ++i) BOOST_TEST(a[std::size_t(q) * n + i] == float((q + 1) * int(i % 7)));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(nccl_at_world_size_one) {
+  comm::mpi_device world;
+  if (world.size() != 1) return;  // NCCL refuses two ranks on one GPU
+  for (double timeout : {0.0, 30.0}) {
+    comm::nccl c(comm::nccl_options{.timeout_s = timeout});
+    BOOST_TEST(c.size() == 1);
+    std::vector<float> x{1, 2, 3, 4, 5};
+    auto d = to_device(x);
+    dbuf<float> y(5);
+    comm::all_reduce(c, d.span(), comm::reduce_op::avg);
+    c.all_gather(d.data(), y.data(), 5, dtype::f32);
+    auto q = c.ireduce_scatter(y.data(), d.data(), 5, dtype::f32, comm::reduce_op::sum);
+    q.wait();
+    c.broadcast(d.data(), 5, dtype::f32, 0);
+    c.barrier();
+    BOOST_TEST(to_host(d) == x);
+  }
+  // Through a rendezvous file, as without MPI.
+  const auto path = std::filesystem::temp_directory_path() / ("tessera-nccl-id-" + std::to_string(::getpid()));
+  {
+    comm::nccl c(0, 1, path.string());
+    BOOST_TEST(c.rank() == 0);
+  }
+  std::filesystem::remove(path);
+  BOOST_CHECK_THROW(comm::nccl(1, 2, "/nonexistent/dir/id", comm::nccl_options{.rendezvous_timeout_s = 0.05}),
+                    tessera::error);
+}
+
+BOOST_AUTO_TEST_CASE(failed_cuda_call_is_a_tessera_error) {
+  try {
+    TESSERA_CUDA(cudaSetDevice(1 << 20));
+    BOOST_FAIL("no throw");
+  } catch (const tessera::error& e) {
+    const std::string w = e.what();
+    BOOST_TEST(w.rfind("tessera: CUDA call failed: cudaErrorInvalidDevice", 0) == 0u);
+    BOOST_TEST(w.find("cudaSetDevice") != std::string::npos);
+  }
+  BOOST_TEST(cudaGetLastError() == cudaSuccess);  // the sticky state was cleared
+  BOOST_CHECK_THROW(dbuf<float>(std::size_t(1) << 50), tessera::error);  // 4 PiB: out of memory, reported
+}
