@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <type_traits>
 #include <string>
 #include <vector>
 
@@ -52,9 +53,10 @@ struct cast_fn {
   const float* in;
   bf16* out;
   bool vector_ok = true;
+  static constexpr int vector_width = 8;
   __device__ void operator()(std::size_t i) const { out[i] = bf16(in[i]); }
-  template <int V> __device__ void run(std::size_t base) const {
-    const auto x = load_vec<V>(in + base);
+  template <int V, bool Stream> __device__ void run(std::size_t base) const {
+    const auto x = load_vec<V, Stream>(in + base);
     vec<bf16, V> y;
     TESSERA_UNROLL
     for (int l = 0; l < V; ++l) y.v[l] = bf16(x.v[l]);
@@ -86,10 +88,12 @@ int main(int argc, char** argv) {
   int log2n = 30, warmup = 3, iters = 20;
   std::string json;
   double min_ratio = 0;
+  bool variants = false;
   app.add_option("--log2-elements", log2n, "elements in the shard, as a power of two")->check(CLI::Range(10, 32));
   app.add_option("-w,--warmup", warmup, "warm-up runs");
   app.add_option("-n,--iters", iters, "timed runs (the median is reported)")->check(CLI::Range(1, 100000));
   app.add_option("--json", json, "write the results as JSON to this file");
+  app.add_flag("--variants", variants, "also time every vector width, spread and cache policy of the AdamW pass");
   app.add_option("--min-ratio", min_ratio, "exit 1 when fused AdamW (fp32, one tensor) falls under this fraction of copy");
   CLI11_PARSE(app, argc, argv);
   try {
@@ -117,6 +121,28 @@ int main(int argc, char** argv) {
                                 {"bytes_per_element", bytes_per_elem}});
       return gbs / copy_gbs;
     };
+    // Every launch shape of the vector for_each, to choose the default from data.
+    using tessera::cuda::detail::spread;
+    auto sweep = [&](const std::string& prefix, const auto& k) {
+      auto one = [&](auto v_tag, auto mode_tag, auto stream_tag, const char* mname) {
+        constexpr int V = decltype(v_tag)::value;
+        constexpr spread M = decltype(mode_tag)::value;
+        constexpr bool S = decltype(stream_tag)::value;
+        report(prefix + " V=" + std::to_string(V) + " " + mname + (S ? " stream" : ""),
+               time_ms([&] { ops::for_each_vector<V, M, S>(n, k); }, warmup, iters), 28);
+      };
+      using gs = std::integral_constant<spread, spread::grid_stride>;
+      using op = std::integral_constant<spread, spread::one_per_thread>;
+      using un = std::integral_constant<spread, spread::unrolled>;
+      using v4 = std::integral_constant<int, 4>;
+      using v8 = std::integral_constant<int, 8>;
+      using yes = std::true_type;
+      using no = std::false_type;
+      one(v4{}, gs{}, no{}, "grid-stride"); one(v4{}, gs{}, yes{}, "grid-stride");
+      one(v4{}, op{}, no{}, "one-per-thread"); one(v4{}, op{}, yes{}, "one-per-thread");
+      one(v4{}, un{}, no{}, "unrolled"); one(v4{}, un{}, yes{}, "unrolled");
+      one(v8{}, gs{}, no{}, "grid-stride"); one(v8{}, op{}, no{}, "one-per-thread"); one(v8{}, op{}, yes{}, "one-per-thread");
+    };
     auto w = random_buffer<float>(n, 2), m = random_buffer<float>(n, 3, 0.2f, -0.1f), v = random_buffer<float>(n, 4, 0.01f, 0.0f);
     {
       auto g = random_buffer<float>(n, 5);
@@ -124,6 +150,7 @@ int main(int argc, char** argv) {
                                                   0.95f, 1e-8f, 0.1f, 1.1f, 1.05f, 1.0f};
       k.vector_ok = true;
       adamw_ratio = report("fused AdamW, fp32 grads, 1 tensor", time_ms([&] { ops::for_each(n, k); }, warmup, iters), 28);
+      if (variants) sweep("  AdamW fp32", k);
       detail::sgd_kernel<float, float, float> s{w.data(), g.data(), m.data(), nullptr, {}, 1e-3f, 0.9f, 1e-4f, 1.0f, true};
       s.vector_ok = true;
       report("SGD, momentum + Nesterov, fp32", time_ms([&] { ops::for_each(n, s); }, warmup, iters), 20);
@@ -138,14 +165,16 @@ int main(int argc, char** argv) {
                                                 0.95f, 1e-8f, 0.1f, 1.1f, 1.05f, 1.0f};
       k.vector_ok = true;
       report("fused AdamW, bf16 grads -> bf16 shard", time_ms([&] { ops::for_each(n, k); }, warmup, iters), 28);
-      // 2048 equal tensors, every other one without weight decay.
-      std::vector<std::uint64_t> table;
-      const std::size_t per = n / 2048;
-      for (std::size_t t = 1; t < 2048; t += 2) table.push_back(t * per);
-      for (std::size_t t = 1; t < 2048; t += 2) table.push_back((t + 1) * per);
-      dbuf<std::uint64_t> dt(table.size());
-      ops::copy_from_host(dt.span(), std::span<const std::uint64_t>(table));
-      k.nodecay = {dt.data(), dt.data() + 1024, 1024};
+      if (variants) sweep("  AdamW bf16", k);
+      // 2048 equal tensors, every other one without weight decay: the decay
+      // mask with one bit per 16-element granule (the default alignment).
+      const std::size_t per = n / 2048, granules = n / 16;
+      std::vector<std::uint32_t> bits((granules + 31) / 32, ~0u);
+      for (std::size_t t = 1; t < 2048; t += 2)
+        for (std::size_t gi = t * per / 16; gi < (t + 1) * per / 16; ++gi) bits[gi / 32] &= ~(1u << (gi % 32));
+      dbuf<std::uint32_t> dt(bits.size());
+      ops::copy_from_host(dt.span(), std::span<const std::uint32_t>(bits));
+      k.decay = {dt.data(), 4};
       report("fused AdamW, bf16 -> bf16, 2048 tensors", time_ms([&] { ops::for_each(n, k); }, warmup, iters), 28);
       cast_fn c{w.data(), shard.data()};
       report("cast fp32 -> bf16", time_ms([&] { ops::for_each(n, c); }, warmup, iters), 6);

@@ -38,20 +38,18 @@ concept optimizer_algorithm = requires { typename A::tessera_algorithm; A::state
 
 namespace detail {
 
-//! Sorted, disjoint [begin, end) ranges of a unit's optimizer range that take no weight decay.
-struct nodecay_table {
-  const std::uint64_t* begin = nullptr;
-  const std::uint64_t* end = nullptr;
-  int count = 0;
-  //! Whether element i takes weight decay (binary search; the table is tiny).
+//! Which elements of a unit's optimizer range take weight decay: one bit per
+//! granule of 2^shift elements (the layout's alignment, so no granule holds
+//! two tensors; padding may take either flag, its values stay zero). Null
+//! bits: everything decays. One 32-bit word covers 32 granules, so the lookup
+//! costs a cached load per many elements, whatever the number of tensors.
+struct decay_mask {
+  const std::uint32_t* bits = nullptr;
+  unsigned shift = 0;
   TESSERA_HOST_DEVICE bool decays(std::uint64_t i) const {
-    int lo = 0, hi = count;  // first range whose end > i
-    while (lo < hi) {
-      const int mid = (lo + hi) / 2;
-      if (end[mid] > i) hi = mid;
-      else lo = mid + 1;
-    }
-    return !(lo < count && begin[lo] <= i);
+    if (!bits) return true;
+    const std::uint64_t g = i >> shift;
+    return (bits[g >> 5] >> (g & 31)) & 1u;
   }
 };
 
@@ -74,15 +72,16 @@ struct adamw_kernel {
   M* m;
   M* v;
   C* out;
-  nodecay_table nodecay;
+  decay_mask decay;
   float lr, beta1, beta2, eps, weight_decay, inv_bc1, inv_bc2_sqrt, grad_scale;
-  bool vector_ok = false;  //!< every pointer aligned for 4-wide accesses
+  bool vector_ok = false;  //!< every pointer aligned for vector_width-wide accesses
+  static constexpr int vector_width = 4;
 
   TESSERA_HOST_DEVICE void update(M& wi, G graw, M& mi, M& vi, std::uint64_t i) const {
     using F = math_t<M>;
     const F gi = F(convert<float>(graw)) * F(grad_scale);
     F x = F(wi);
-    if (nodecay.decays(i)) x -= F(lr) * F(weight_decay) * x;
+    if (decay.decays(i)) x -= F(lr) * F(weight_decay) * x;
     const F mn = F(beta1) * F(mi) + (F(1) - F(beta1)) * gi;
     const F vn = F(beta2) * F(vi) + (F(1) - F(beta2)) * gi * gi;
     mi = M(mn);
@@ -95,22 +94,22 @@ struct adamw_kernel {
     if (out) out[i] = convert<C>(w[i]);
   }
   //! V consecutive elements from `base` (a multiple of V) with vector accesses.
-  template <int V>
+  template <int V, bool Stream = false>
   TESSERA_HOST_DEVICE void run(std::size_t base) const {
-    auto W = load_vec<V>(w + base);
-    const auto Gv = load_vec<V>(g + base);
-    auto Mv = load_vec<V>(m + base);
-    auto Vv = load_vec<V>(v + base);
-TESSERA_UNROLL
+    auto W = load_vec<V, Stream>(w + base);
+    const auto Gv = load_vec<V, Stream>(g + base);
+    auto Mv = load_vec<V, Stream>(m + base);
+    auto Vv = load_vec<V, Stream>(v + base);
+    TESSERA_UNROLL
     for (int l = 0; l < V; ++l) update(W.v[l], Gv.v[l], Mv.v[l], Vv.v[l], base + std::size_t(l));
-    store_vec<V>(w + base, W);
-    store_vec<V>(m + base, Mv);
-    store_vec<V>(v + base, Vv);
+    store_vec<V, Stream>(w + base, W);
+    store_vec<V, Stream>(m + base, Mv);
+    store_vec<V, Stream>(v + base, Vv);
     if (out) {
       vec<C, V> o;
-TESSERA_UNROLL
+      TESSERA_UNROLL
       for (int l = 0; l < V; ++l) o.v[l] = convert<C>(W.v[l]);
-      store_vec<V>(out + base, o);
+      store_vec<V>(out + base, o);  // the compute shard is read again soon (all-gather)
     }
   }
 };
@@ -122,15 +121,16 @@ struct sgd_kernel {
   const G* g;
   M* buf;
   C* out;
-  nodecay_table nodecay;
+  decay_mask decay;
   float lr, momentum, weight_decay, grad_scale;
   bool nesterov;
   bool vector_ok = false;
+  static constexpr int vector_width = 4;
 
   TESSERA_HOST_DEVICE void update(M& wi, G graw, M& bi, std::uint64_t i) const {
     using F = math_t<M>;
     F gi = F(convert<float>(graw)) * F(grad_scale);
-    if (nodecay.decays(i)) gi += F(weight_decay) * F(wi);
+    if (decay.decays(i)) gi += F(weight_decay) * F(wi);
     if (momentum != 0.0f) {
       const F b = F(momentum) * F(bi) + gi;
       bi = M(b);
@@ -142,18 +142,18 @@ struct sgd_kernel {
     update(w[i], g[i], buf[i], i);
     if (out) out[i] = convert<C>(w[i]);
   }
-  template <int V>
+  template <int V, bool Stream = false>
   TESSERA_HOST_DEVICE void run(std::size_t base) const {
-    auto W = load_vec<V>(w + base);
-    const auto Gv = load_vec<V>(g + base);
-    auto B = load_vec<V>(buf + base);
-TESSERA_UNROLL
+    auto W = load_vec<V, Stream>(w + base);
+    const auto Gv = load_vec<V, Stream>(g + base);
+    auto B = load_vec<V, Stream>(buf + base);
+    TESSERA_UNROLL
     for (int l = 0; l < V; ++l) update(W.v[l], Gv.v[l], B.v[l], base + std::size_t(l));
-    store_vec<V>(w + base, W);
-    store_vec<V>(buf + base, B);
+    store_vec<V, Stream>(w + base, W);
+    store_vec<V, Stream>(buf + base, B);
     if (out) {
       vec<C, V> o;
-TESSERA_UNROLL
+      TESSERA_UNROLL
       for (int l = 0; l < V; ++l) o.v[l] = convert<C>(W.v[l]);
       store_vec<V>(out + base, o);
     }

@@ -1,6 +1,7 @@
 #pragma once
 //! \file ShardedOptimizer<Algorithm, Wrapper>: optimizer state over each rank's
 //! optimizer range only; one pass per step, then the strategy's weight all-gather.
+#include <bit>
 #include <cmath>
 #include <functional>
 #include <span>
@@ -51,33 +52,34 @@ public:
         st.state.emplace_back(n);
         ops::fill(st.state.back().span(), M{});
       }
-      // The no-decay table: tensors without weight decay, clipped to the
-      // optimizer range. Padding may take either flag: its weights, gradients
-      // and state stay zero under both updates.
-      std::vector<std::uint64_t> b, e;
+      // The decay mask: a bit per granule of the layout's alignment (a power
+      // of two), or per element otherwise; none when every tensor decays.
+      const std::size_t A = L.alignment();
+      const unsigned shift = (A & (A - 1)) == 0 ? unsigned(std::countr_zero(A)) : 0u;
+      const std::size_t granules = (n + (std::size_t(1) << shift) - 1) >> shift;
+      std::vector<std::uint32_t> bits((granules + 31) / 32, ~0u);
+      bool any_exempt = false;
       for (const auto& t : L.tensors()) {
         const std::size_t a = std::max(t.offset, lo), z = std::min(t.offset + t.numel, lo + n);
-        if (a < z && !t.spec.weight_decay) {
-          b.push_back(a - lo);
-          e.push_back(z - lo);
-        }
+        if (a >= z || t.spec.weight_decay) continue;
+        any_exempt = true;
+        for (std::size_t gi = (a - lo) >> shift; gi <= (z - 1 - lo) >> shift; ++gi) bits[gi >> 5] &= ~(1u << (gi & 31));
       }
-      st.nodecay_count = int(b.size());
-      if (!b.empty()) {
-        st.nodecay = buffer<std::uint64_t>(2 * b.size());
-        b.insert(b.end(), e.begin(), e.end());
-        ops::copy_from_host(st.nodecay.span(), std::span<const std::uint64_t>(b));
+      if (any_exempt) {
+        st.decay_bits = buffer<std::uint32_t>(bits.size());
+        ops::copy_from_host(st.decay_bits.span(), std::span<const std::uint32_t>(bits));
       }
+      st.decay_shift = shift;
       units_.push_back(std::move(st));
     }
   }
 
-  //! Bytes this optimizer holds on this rank: its state, the no-decay tables
+  //! Bytes this optimizer holds on this rank: its state, the decay masks
   //! and the norm accumulator.
   [[nodiscard]] std::size_t state_bytes() const noexcept {
     std::size_t b = acc_.size() * sizeof(double);
     for (auto& u : units_) {
-      b += u.nodecay.size() * sizeof(std::uint64_t);
+      b += u.decay_bits.size() * sizeof(std::uint32_t);
       for (auto& s : u.state) b += s.size() * sizeof(M);
     }
     return b;
@@ -125,8 +127,8 @@ private:
   using C = typename Wrapper::compute_type;
   struct unit_state {
     std::vector<buffer<M>> state;
-    buffer<std::uint64_t> nodecay;  // [begins..., ends...]
-    int nodecay_count = 0;
+    buffer<std::uint32_t> decay_bits;  // empty: every element decays
+    unsigned decay_shift = 0;
   };
 
   // One pass over the unit's whole optimizer range.
@@ -136,19 +138,19 @@ private:
     const G* g = e_.opt_grads(u).data();
     C* out = e_.compute_out(u);
     const std::size_t n = e_.main_weights(u).size();
-    const detail::nodecay_table nd{st.nodecay.data(), st.nodecay.data() + st.nodecay_count, st.nodecay_count};
+    const detail::decay_mask nd{st.decay_bits.data(), st.decay_shift};
     if constexpr (std::is_same_v<Algorithm, adamw>) {
       const double bc1 = 1 - std::pow(hp_.beta1, double(step_)), bc2 = 1 - std::pow(hp_.beta2, double(step_));
       detail::adamw_kernel<M, G, C> k{w, g, st.state[0].data(), st.state[1].data(), out, nd, float(r.lr),
                                       float(hp_.beta1), float(hp_.beta2), float(hp_.eps), float(hp_.weight_decay),
                                       float(1 / bc1), float(1 / std::sqrt(bc2)), float(r.clip_coef)};
-      k.vector_ok = aligned_for<4>(w, g, k.m, k.v) && (!out || aligned_for<4>(out));
+      k.vector_ok = aligned_for<k.vector_width>(w, g, k.m, k.v) && (!out || aligned_for<k.vector_width>(out));
       ops::for_each(n, k);
     } else {
       static_assert(std::is_same_v<Algorithm, sgd>, "tessera: unknown optimizer algorithm; use adamw or sgd");
       detail::sgd_kernel<M, G, C> k{w, g, st.state[0].data(), out, nd, float(r.lr), float(hp_.momentum),
                                     float(hp_.weight_decay), float(r.clip_coef), hp_.nesterov};
-      k.vector_ok = aligned_for<4>(w, g, k.buf) && (!out || aligned_for<4>(out));
+      k.vector_ok = aligned_for<k.vector_width>(w, g, k.buf) && (!out || aligned_for<k.vector_width>(out));
       ops::for_each(n, k);
     }
   }

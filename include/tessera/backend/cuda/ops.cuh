@@ -24,6 +24,7 @@
 #include "tessera/backend/cuda/stream.hpp"
 #include "tessera/backend/ops.hpp"
 #include "tessera/core/dtype.hpp"
+#include "tessera/core/vec.hpp"
 
 namespace tessera {
 
@@ -35,12 +36,26 @@ __global__ void for_each_kernel(std::size_t n, F f) {
     f(i);
 }
 
-template <int V, class F>
+//! How a vector for_each spreads its chunks of V elements over threads.
+enum class spread {
+  grid_stride,     //!< a grid that fills the device once; each thread loops
+  one_per_thread,  //!< one chunk per thread, as many blocks as it takes
+  unrolled,        //!< grid_stride with the loop unrolled 4 times (more loads in flight)
+};
+
+template <int V, spread Mode, bool Stream, class F>
 __global__ void for_each_vec_kernel(std::size_t n, F f) {
   const std::size_t chunks = n / V;
   const std::size_t tid = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const std::size_t stride = std::size_t(gridDim.x) * blockDim.x;
-  for (std::size_t c = tid; c < chunks; c += stride) f.template run<V>(c * V);
+  if constexpr (Mode == spread::one_per_thread) {
+    if (tid < chunks) f.template run<V, Stream>(tid * V);
+  } else if constexpr (Mode == spread::grid_stride) {
+    for (std::size_t c = tid; c < chunks; c += stride) f.template run<V, Stream>(c * V);
+  } else {
+#pragma unroll 4
+    for (std::size_t c = tid; c < chunks; c += stride) f.template run<V, Stream>(c * V);
+  }
   const std::size_t t = chunks * V + tid;  // the last n % V elements
   if (t < n) f(t);
 }
@@ -53,20 +68,37 @@ struct fill_fn {
 };
 
 template <class T, int Threads>
-__global__ void sum_squares_kernel(const T* x, std::size_t n, double* acc) {
+__global__ void sum_squares_kernel(const T* x, std::size_t n, double* acc, bool aligned) {
+  // 16-byte loads, four in flight per thread, summed in double (the FP64
+  // rate is far above what memory delivers here, so it costs nothing).
+  constexpr int V = 16 / sizeof(T) > 0 ? int(16 / sizeof(T)) : 1;
   double s = 0, bad = 0;
-  for (std::size_t i = std::size_t(blockIdx.x) * Threads + threadIdx.x; i < n; i += std::size_t(gridDim.x) * Threads) {
-    const double d = convert<double>(x[i]);
-    if (isfinite(d)) s += d * d;
+  auto add = [&](T e) {
+    const double f = convert<double>(e);
+    if (isfinite(f)) s += f * f;
     else bad += 1;
+  };
+  const std::size_t tid = std::size_t(blockIdx.x) * Threads + threadIdx.x;
+  const std::size_t stride = std::size_t(gridDim.x) * Threads;
+  std::size_t done = 0;
+  if (aligned) {
+    const std::size_t chunks = n / V;
+#pragma unroll 4
+    for (std::size_t c = tid; c < chunks; c += stride) {
+      const auto v = load_vec<V, true>(x + c * V);
+      TESSERA_UNROLL
+      for (int l = 0; l < V; ++l) add(v.v[l]);
+    }
+    done = chunks * V;
   }
+  for (std::size_t i = done + tid; i < n; i += stride) add(x[i]);
   using reduce = cub::BlockReduce<double, Threads>;
   __shared__ typename reduce::TempStorage tmp[2];
-  s = reduce(tmp[0]).Sum(s);
-  bad = reduce(tmp[1]).Sum(bad);
+  const double bs = reduce(tmp[0]).Sum(s);
+  const double bb = reduce(tmp[1]).Sum(bad);
   if (threadIdx.x == 0) {
-    atomicAdd(acc, s);
-    if (bad > 0) atomicAdd(acc + 1, bad);
+    atomicAdd(acc, bs);
+    if (bb > 0) atomicAdd(acc + 1, bb);
   }
 }
 
@@ -85,7 +117,7 @@ inline unsigned full_grid(int threads) {
 
 template <class F>
 concept vector_functor = requires(const F& f) {
-  f.template run<4>(std::size_t(0));
+  f.template run<F::vector_width, false>(std::size_t(0));
   { f.vector_ok } -> std::convertible_to<bool>;
 };
 
@@ -121,21 +153,29 @@ struct backend_ops<backend::cuda> {
     TESSERA_CUDA(cudaStreamSynchronize(cuda::current_stream()));
   }
 
-  //! f(i) for i in [0, n) on the device; 4-wide where f offers it and says its pointers allow it.
+  //! f(i) for i in [0, n) on the device; vector_width-wide where f offers it
+  //! and says its pointers allow it (f.vector_ok), with the spread and cache
+  //! policy the optimizer benchmark found fastest on an H200.
   template <class F> static void for_each(std::size_t n, const F& f) {
-    if (n == 0) return;
-    const unsigned cap = cuda::detail::full_grid(threads);
     if constexpr (cuda::detail::vector_functor<F>) {
-      if (f.vector_ok) {
-        const std::size_t work = std::max<std::size_t>(n / 4, 1);
-        const unsigned blocks = unsigned(std::min<std::size_t>(cap, (work + threads - 1) / threads));
-        cuda::detail::for_each_vec_kernel<4><<<blocks, threads, 0, cuda::current_stream()>>>(n, f);
-        TESSERA_CUDA(cudaGetLastError());
-        return;
-      }
+      if (f.vector_ok) return for_each_vector<F::vector_width, cuda::detail::spread::one_per_thread, true>(n, f);
     }
-    const unsigned blocks = unsigned(std::min<std::size_t>(cap, (n + threads - 1) / threads));
+    if (n == 0) return;
+    const unsigned blocks = unsigned(std::min<std::size_t>(cuda::detail::full_grid(threads), (n + threads - 1) / threads));
     cuda::detail::for_each_kernel<<<blocks, threads, 0, cuda::current_stream()>>>(n, f);
+    TESSERA_CUDA(cudaGetLastError());
+  }
+
+  //! for_each over chunks of V elements with an explicit spread and cache
+  //! policy (Stream: evict-first loads and stores); the benchmark's knob.
+  template <int V, cuda::detail::spread Mode, bool Stream, class F>
+  static void for_each_vector(std::size_t n, const F& f) {
+    if (n == 0) return;
+    const std::size_t work = std::max<std::size_t>(n / V, 1);
+    std::size_t blocks = (work + threads - 1) / threads;
+    if (Mode != cuda::detail::spread::one_per_thread) blocks = std::min<std::size_t>(blocks, cuda::detail::full_grid(threads));
+    TESSERA_CHECK(blocks < (std::size_t(1) << 31), "for_each over ", n, " elements exceeds the grid");
+    cuda::detail::for_each_vec_kernel<V, Mode, Stream><<<unsigned(blocks), threads, 0, cuda::current_stream()>>>(n, f);
     TESSERA_CUDA(cudaGetLastError());
   }
 
@@ -143,7 +183,8 @@ struct backend_ops<backend::cuda> {
     if (x.empty()) return;
     const unsigned blocks =
         unsigned(std::min<std::size_t>(cuda::detail::full_grid(threads), (x.size() + threads - 1) / threads));
-    cuda::detail::sum_squares_kernel<T, threads><<<blocks, threads, 0, cuda::current_stream()>>>(x.data(), x.size(), acc);
+    cuda::detail::sum_squares_kernel<T, threads>
+        <<<blocks, threads, 0, cuda::current_stream()>>>(x.data(), x.size(), acc, aligned_for<16 / sizeof(T)>(x.data()));
     TESSERA_CUDA(cudaGetLastError());
   }
 
