@@ -110,6 +110,8 @@ public:
   void finish_grad_sync() { e_.finish_grad_sync(); }
   void zero_grad() { e_.zero_grad(); }
   void synchronize() { e_.synchronize(); }
+  //! Drops cached gathered units (optim_grads_params); the next gather() all-gathers again.
+  void release_gathered() { e_.release_gathered(); }
 
   [[nodiscard]] int rank() const { return e_.rank(); }
   [[nodiscard]] int world() const { return e_.world(); }

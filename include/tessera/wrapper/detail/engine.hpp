@@ -429,6 +429,10 @@ public:
     }
   }
 
+  //! Drops every cached gathered copy of a unit (optim_grads_params), so the
+  //! next gather(unit) all-gathers again: for benchmarks and memory pressure.
+  void release_gathered() { invalidate_gathered(); }
+
   //! Waits for every collective in flight.
   void synchronize() {
     complete_all();

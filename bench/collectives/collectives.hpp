@@ -1,0 +1,437 @@
+#pragma once
+// tessera-collectives: Tessera's collectives beside the raw transport, in the
+// manner of nccl-tests. Written once over the backend; main.cpp instantiates
+// it for the host (MPI) and, compiled by nvcc, for CUDA (NCCL or staged MPI).
+//
+// Implementations, each checked for correctness at every size (#wrong) before
+// it is timed:
+//   raw      the communicator on a plain buffer (NCCL, or MPI on the host):
+//            the baseline, out-of-place and in-place
+//   sharded  ShardedTensor: gather / reduce-scatter of a tensor whose size does
+//            not divide the world (padded flat range)
+//   unit     a FullyShardedDataParallel unit of transformer-shaped tensors in
+//            one flat buffer: gather(unit) (ZeRO-3 all-gather into the pool),
+//            reduce_grads + finish_grad_sync (reduce-scatter into the shard,
+//            ZeRO-2/3; all-reduce, no_shard)
+//   mixed    all-gather: the bf16 compute shard written from fp32 main weights,
+//            then gathered in bf16; reduce-scatter: bf16 gradients reduced in
+//            fp32 (cast to the fp32 wire, then reduce-scattered)
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tessera/tessera.hpp"
+
+namespace collectives {
+using namespace tessera;
+
+struct options {
+  std::size_t min_bytes = 8, max_bytes = std::size_t(64) << 20;
+  double factor = 2;
+  std::string dtype = "float";
+  int warmup = 5, iters = 20;
+  std::vector<std::string> ops = {"all_gather", "reduce_scatter", "all_reduce", "broadcast"};
+  std::vector<std::string> impls = {"raw", "sharded", "unit", "mixed"};
+  std::string json;
+  double min_busbw = 0;  // GB/s, applies to every row with an nonzero bus factor
+  bool check = true;
+};
+
+struct row {
+  std::string op, impl, placement, type;
+  std::size_t bytes, count;
+  double us, algbw, busbw;
+  long wrong;
+};
+
+// ---- small device/host helpers ---------------------------------------------------
+
+template <class T>
+struct iota_fn {  // p[i] = small integer from (rank, i): exact in bf16 and in sums over a few ranks
+  T* p;
+  int rank;
+  std::size_t offset;
+  TESSERA_HOST_DEVICE void operator()(std::size_t i) const {
+    p[i] = convert<T>(float(int((std::size_t(rank) * 7 + (offset + i) * 3) % 13) - 6));
+  }
+};
+template <class T>
+inline float iota_value(int rank, std::size_t i) {
+  return float(int((std::size_t(rank) * 7 + i * 3) % 13) - 6);
+}
+template <class To, class From>
+struct cast_fn {
+  const From* in;
+  To* out;
+  TESSERA_HOST_DEVICE void operator()(std::size_t i) const { out[i] = convert<To>(in[i]); }
+};
+
+template <class B>
+struct timer {
+  // Seconds for `iters` runs of f, each preceded by an untimed setup(): per-run
+  // device events on CUDA (the collectives complete on the compute stream), a
+  // barrier-free wall clock on the host.
+  template <class Setup, class F>
+  static double per_iter(int iters, Setup&& setup, F&& f) {
+    double total = 0;
+#if TESSERA_CUDA_COMPILER
+    if constexpr (std::is_same_v<B, backend::cuda>) {
+      tessera::cuda::event a(true), b(true);
+      for (int i = 0; i < iters; ++i) {
+        setup();
+        a.record(tessera::cuda::current_stream());
+        f();
+        b.record(tessera::cuda::current_stream());
+        b.synchronize();
+        float ms = 0;
+        TESSERA_CUDA(cudaEventElapsedTime(&ms, a.get(), b.get()));
+        total += ms * 1e-3;
+      }
+      return total / iters;
+    }
+#endif
+    for (int i = 0; i < iters; ++i) {
+      setup();
+      const auto t0 = std::chrono::steady_clock::now();
+      f();
+      total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    return total / iters;
+  }
+};
+
+inline double bus_factor(const std::string& op, int n) {
+  if (op == "all_reduce") return 2.0 * (n - 1) / n;
+  if (op == "broadcast") return 1.0;
+  return double(n - 1) / n;
+}
+
+// ---- the benchmark ------------------------------------------------------------------
+
+template <class B, class T, class Comm>
+class bench {
+  using ops = backend_ops<B>;
+  template <class U> using buf = typename ops::template buffer<U>;
+
+public:
+  bench(Comm& c, const options& o) : c_(c), h_(c), o_(o), N_(c.size()), r_(c.rank()) {}
+
+  std::vector<row> run() {
+    std::vector<row> rows;
+    for (std::size_t bytes = o_.min_bytes; bytes <= o_.max_bytes;
+         bytes = std::max(bytes + 1, std::size_t(double(bytes) * o_.factor))) {
+      for (const auto& op : o_.ops)
+        for (const auto& impl : o_.impls) measure(op, impl, bytes, rows);
+    }
+    return rows;
+  }
+
+private:
+  // Elements per rank for an operation whose nccl-tests "size" is `bytes`.
+  std::size_t per_rank(const std::string& op, std::size_t bytes) const {
+    const std::size_t total = std::max<std::size_t>(bytes / sizeof(T), 1);
+    return (op == "all_gather" || op == "reduce_scatter") ? std::max<std::size_t>(total / std::size_t(N_), 1) : total;
+  }
+
+  template <class U> std::vector<U> host_copy(std::span<const U> d) {
+    std::vector<U> h(d.size());
+    ops::copy_to_host(std::span<U>(h), d);
+    return h;
+  }
+
+  void emit(std::vector<row>& rows, const std::string& op, const std::string& impl, const std::string& place,
+            const std::string& type, std::size_t bytes, std::size_t count, double sec, long wrong) {
+    // The slowest rank's time is the collective's time; wrong counts add up.
+    double t = sec;
+    reduce_host(&t, comm::reduce_op::max);
+    std::int64_t w = wrong;
+    reduce_host(&w, comm::reduce_op::sum);
+    const double algbw = double(bytes) / t / 1e9;
+    const double busbw = algbw * bus_factor(op, N_);
+    rows.push_back({op, impl, place, type, bytes, count, t * 1e6, algbw, busbw, long(w)});
+    if (r_ == 0)
+      std::printf("%12zu %12zu %8s %6s %-14s %-8s %-7s | %10.1f %8.2f %8.2f %6ld\n", bytes, count, type.c_str(),
+                  op == "all_reduce" || op == "reduce_scatter" ? "sum" : "none", op.c_str(), impl.c_str(),
+                  place.c_str(), t * 1e6, algbw, busbw, long(w));
+  }
+
+  void measure(const std::string& op, const std::string& impl, std::size_t bytes, std::vector<row>& rows);
+
+  // ---- raw: the transport on a plain buffer, out-of-place and in-place ----
+  void raw(const std::string& op, std::size_t bytes, std::vector<row>& rows) {
+    const std::size_t n = per_rank(op, bytes), N = std::size_t(N_);
+    const bool gather = op == "all_gather", scatter = op == "reduce_scatter";
+    const std::size_t in_n = scatter ? n * N : n, out_n = gather ? n * N : n;
+    buf<T> in(in_n), out(std::max(in_n, out_n));
+    for (int inplace = 0; inplace < 2; ++inplace) {
+      if (inplace && scatter) continue;          // the communicators take reduce-scatter out of place only
+      if (!inplace && op == "broadcast") continue;  // and broadcast in place only
+      auto fill = [&] {
+        if (gather && inplace) ops::for_each(n, iota_fn<T>{out.data() + std::size_t(r_) * n, r_, 0});
+        else if (inplace) ops::for_each(in_n, iota_fn<T>{out.data(), r_, 0});
+        else ops::for_each(in_n, iota_fn<T>{in.data(), r_, 0});
+      };
+      const T* src = inplace ? (gather ? out.data() + std::size_t(r_) * n : out.data()) : in.data();
+      auto call = [&] {
+        if (gather) c_.all_gather(src, out.data(), n, dtype_of_v<T>);
+        else if (scatter) c_.reduce_scatter(src, out.data(), n, dtype_of_v<T>, comm::reduce_op::sum);
+        else if (op == "all_reduce") c_.all_reduce(src, out.data(), n, dtype_of_v<T>, comm::reduce_op::sum);
+        else c_.broadcast(out.data(), n, dtype_of_v<T>, 0);
+      };
+      fill();
+      call();
+      const auto got = host_copy(std::span<const T>(out.span().first(out_n)));
+      long wrong = 0;
+      for (std::size_t i = 0; i < out_n; ++i) {
+        double want;
+        if (gather) want = iota_value<T>(int(i / n), i % n);
+        else if (scatter || op == "all_reduce") {
+          const std::size_t gi = scatter ? std::size_t(r_) * n + i : i;
+          want = 0;
+          for (int q = 0; q < N_; ++q) want += iota_value<T>(q, gi);
+        } else want = iota_value<T>(0, i);
+        wrong += convert<double>(got[i]) != want;
+      }
+      auto refill = [&] {
+        if (inplace) fill();  // in place, the previous run overwrote the input
+      };
+      (void)timer<B>::per_iter(o_.warmup, refill, call);
+      const double sec = timer<B>::per_iter(o_.iters, refill, call);
+      emit(rows, op, "raw", inplace ? "inplace" : "outplace", name(), bytes, n, sec, wrong);
+    }
+  }
+
+  // ---- sharded: ShardedTensor of a size that does not divide the world ----
+  void sharded(const std::string& op, std::size_t bytes, std::vector<row>& rows) {
+    if (op != "all_gather" && op != "reduce_scatter") return;
+    const std::size_t total = std::max<std::size_t>(bytes / sizeof(T), std::size_t(N_)) - (N_ > 1 ? 1 : 0);
+    ShardedTensor<T, B> t(c_, shape({std::int64_t(total)}));
+    buf<T> full(t.padded_numel());
+    long wrong = 0;
+    if (op == "all_gather") {
+      std::vector<T> init(total);
+      for (std::size_t i = 0; i < total; ++i) init[i] = convert<T>(iota_value<T>(0, i));
+      buf<T> d_init(total);
+      ops::copy_from_host(d_init.span(), std::span<const T>(init));
+      t.scatter_from(std::span<const T>(d_init.span()));
+      t.gather_padded(full.span());
+      const auto got = host_copy(std::span<const T>(full.span().first(total)));
+      for (std::size_t i = 0; i < total; ++i) wrong += convert<double>(got[i]) != iota_value<T>(0, i);
+      const double sec = timer<B>::per_iter(o_.iters, [] {}, [&] { t.gather_padded(full.span()); });
+      emit(rows, op, "sharded", "outplace", name(), bytes, total, sec, wrong);
+    } else {
+      ops::for_each(full.size(), iota_fn<T>{full.data(), r_, 0});
+      t.reduce_scatter_padded(std::span<const T>(full.span()));
+      const auto got = host_copy(std::span<const T>(t.shard()));
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        double want = 0;
+        for (int q = 0; q < N_; ++q) want += iota_value<T>(q, t.global_offset() + i);
+        wrong += convert<double>(got[i]) != want;
+      }
+      const double sec = timer<B>::per_iter(o_.iters, [] {}, [&] { t.reduce_scatter_padded(std::span<const T>(full.span())); });
+      emit(rows, op, "sharded", "outplace", name(), bytes, total, sec, wrong);
+    }
+  }
+
+  // ---- unit: a wrapper unit of transformer-shaped tensors ----
+  // Hidden width h with 12 h^2 + 13 h elements near the requested size.
+  static std::vector<tensor_spec> transformer_unit(std::size_t elements) {
+    std::int64_t h = 1;
+    while (12 * (h + 1) * (h + 1) + 13 * (h + 1) <= std::int64_t(elements)) ++h;
+    return {{"ln1", shape({h}), false},        {"qkv", shape({3 * h, h})}, {"qkv_b", shape({3 * h}), false},
+            {"proj", shape({h, h})},           {"proj_b", shape({h}), false}, {"ln2", shape({h}), false},
+            {"fc1", shape({4 * h, h})},        {"fc1_b", shape({4 * h}), false}, {"fc2", shape({h, 4 * h})},
+            {"fc2_b", shape({h}), false}};
+  }
+  template <class Cfg>
+  void unit_case(const std::string& op, std::size_t bytes, std::vector<row>& rows) {
+    using M = typename Cfg::main_type;
+    data_parallel_t<Cfg> model(c_, wrapper_options{.prefetch = false});
+    auto u = model.add_unit("block");
+    std::size_t numel = 0;
+    for (auto& s : transformer_unit(std::max<std::size_t>(bytes / sizeof(T), 25))) {
+      numel += s.shape.numel();
+      model.add_param(u, s.name, s.shape, s.weight_decay);
+    }
+    model.finalize();
+    auto& e = model.engine();
+    const auto& L = e.layout(0);
+    long wrong = 0;
+    if (op == "all_gather") {
+      // Every element of the unit set to its flat index pattern, then gathered.
+      for (std::size_t t = 0; t < L.tensors().size(); ++t) {
+        const auto& s = L.tensors()[t];
+        std::vector<M> v(s.numel);
+        for (std::size_t i = 0; i < s.numel; ++i) v[i] = M(iota_value<T>(0, s.offset + i));
+        model.set_param({0, int(t)}, std::span<const M>(v));
+      }
+      {
+        auto s = model.gather(u);
+        const auto got = host_copy(s.weights());
+        for (const auto& ts : L.tensors())
+          for (std::size_t i = 0; i < ts.numel; ++i) wrong += convert<double>(got[ts.offset + i]) != iota_value<T>(0, ts.offset + i);
+      }
+      const double sec = timer<B>::per_iter(o_.iters, [&] { model.release_gathered(); }, [&] { auto s = model.gather(u); });
+      emit(rows, op, "unit", "outplace", name(), L.padded_numel() * sizeof(T), numel, sec, wrong);
+    } else {
+      auto fill = [&] {
+        model.zero_grad();
+        model.begin_micro_batch(0, 1);
+        auto s = model.gather(u);
+        ops::for_each(L.padded_numel(), iota_fn<T>{s.grads().data(), r_, 0});
+      };
+      auto reduce = [&] {
+        model.reduce_grads(u);
+        model.finish_grad_sync();
+      };
+      fill();
+      reduce();
+      const auto [lo, n] = e.opt_range(L);
+      const auto got = host_copy(std::span<const T>(e.opt_grads(0)));
+      for (std::size_t i = 0; i < n; ++i) {
+        double want = 0;
+        for (int q = 0; q < N_; ++q) want += iota_value<T>(q, lo + i);
+        wrong += convert<double>(got[i]) != want;
+      }
+      const double sec = timer<B>::per_iter(o_.iters, fill, reduce);
+      emit(rows, op, "unit", "outplace", name(), L.padded_numel() * sizeof(T), numel, sec, wrong);
+    }
+  }
+
+  // ---- mixed precision forms ----
+  void mixed(const std::string& op, std::size_t bytes, std::vector<row>& rows) {
+    const std::size_t N = std::size_t(N_);
+    if (op == "all_gather") {
+      // fp32 main shard -> bf16 compute shard (the cast) -> bf16 all-gather.
+      const std::size_t n = std::max<std::size_t>(bytes / sizeof(bf16) / N, 1);
+      buf<float> main(n);
+      buf<bf16> full(n * N);
+      ops::for_each(n, iota_fn<float>{main.data(), r_, 0});
+      bf16* mine = full.data() + std::size_t(r_) * n;
+      auto call = [&] {
+        ops::for_each(n, cast_fn<bf16, float>{main.data(), mine});
+        c_.all_gather(mine, full.data(), n, dtype::bf16);
+      };
+      call();
+      const auto got = host_copy(std::span<const bf16>(full.span()));
+      long wrong = 0;
+      for (std::size_t i = 0; i < got.size(); ++i) wrong += float(got[i]) != iota_value<float>(int(i / n), i % n);
+      emit(rows, op, "mixed", "inplace", "f32>bf16", n * N * sizeof(bf16), n,
+           timer<B>::per_iter(o_.iters, [] {}, call), wrong);
+    } else if (op == "reduce_scatter") {
+      // bf16 gradients -> fp32 wire (the cast) -> fp32 reduce-scatter.
+      const std::size_t n = std::max<std::size_t>(bytes / sizeof(float) / N, 1);
+      buf<bf16> grads(n * N);
+      buf<float> wire(n * N), shard(n);
+      ops::for_each(n * N, iota_fn<bf16>{grads.data(), r_, 0});
+      auto call = [&] {
+        ops::for_each(n * N, cast_fn<float, bf16>{grads.data(), wire.data()});
+        c_.reduce_scatter(wire.data(), shard.data(), n, dtype::f32, comm::reduce_op::sum);
+      };
+      call();
+      const auto got = host_copy(std::span<const float>(shard.span()));
+      long wrong = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        double want = 0;
+        for (int q = 0; q < N_; ++q) want += iota_value<float>(q, std::size_t(r_) * n + i);
+        wrong += got[i] != want;
+      }
+      emit(rows, op, "mixed", "outplace", "bf16>f32", n * N * sizeof(float), n,
+           timer<B>::per_iter(o_.iters, [] {}, call), wrong);
+    }
+  }
+
+  static std::string name() {
+    if constexpr (std::is_same_v<T, float>) return "float";
+    else if constexpr (std::is_same_v<T, bf16>) return "bf16";
+    else if constexpr (std::is_same_v<T, double>) return "double";
+    else return "half";
+  }
+
+  // All-reduce of one host scalar over the benchmark's communicator.
+  template <class U>
+  void reduce_host(U* v, comm::reduce_op op) {
+    if constexpr (std::is_same_v<B, backend::host>) {
+      h_.all_reduce(v, v, 1, dtype_of_v<U>, op);
+    } else {
+      buf<U> d(1);
+      ops::copy_from_host(d.span(), std::span<const U>(v, 1));
+      h_.all_reduce(d.data(), d.data(), 1, dtype_of_v<U>, op);
+      ops::copy_to_host(std::span<U>(v, 1), std::span<const U>(d.span()));
+    }
+  }
+
+  Comm& c_;
+  comm::handle<B> h_;
+  options o_;
+  int N_, r_;
+};
+
+template <class B, class T, class Comm>
+void bench<B, T, Comm>::measure(const std::string& op, const std::string& impl, std::size_t bytes,
+                                std::vector<row>& rows) {
+  if (impl == "raw") return raw(op, bytes, rows);
+  if (impl == "sharded") return sharded(op, bytes, rows);
+  if (impl == "mixed") return mixed(op, bytes, rows);
+  if (impl == "unit") {
+    // T everywhere; 16-bit types keep fp32 main weights (a config rule).
+    using P = std::conditional_t<std::is_same_v<T, float> || std::is_same_v<T, double>, full_precision<T>,
+                                 mixed_precision<T, float, T, T>>;
+    if (op == "all_gather" || op == "reduce_scatter")
+      return unit_case<config<optim_grads_params, fsdp, P, sum, B>>(op, bytes, rows);
+    if (op == "all_reduce") return unit_case<config<no_shard, ddp, P, sum, B>>(op, bytes, rows);
+  }
+}
+
+//! Runs the sweep, prints the nccl-tests style table and footer, writes JSON.
+//! Returns the process exit code (1 when some row is under --min-busbw or wrong).
+template <class B, class T, class Comm>
+int run(Comm& c, const options& o, const std::string& backend_name, const std::string& comm_name) {
+  if (c.rank() == 0) {
+    std::printf("# tessera-collectives: backend %s, communicator %s, %d ranks, type %s, %d warm-up and %d timed iterations\n",
+                backend_name.c_str(), comm_name.c_str(), c.size(), o.dtype.c_str(), o.warmup, o.iters);
+    std::printf("# %10s %12s %8s %6s %-14s %-8s %-7s | %10s %8s %8s %6s\n", "size", "count", "type", "redop", "op",
+                "impl", "place", "time(us)", "algbw", "busbw", "#wrong");
+    std::printf("# %10s %12s %8s %6s %-14s %-8s %-7s | %10s %8s %8s %6s\n", "(B)", "(elements)", "", "", "", "", "", "",
+                "(GB/s)", "(GB/s)", "");
+  }
+  bench<B, T, Comm> b(c, o);
+  const auto rows = b.run();
+  long wrong = 0;
+  bool under = false;
+  nlohmann::json j{{"backend", backend_name}, {"comm", comm_name}, {"world", c.size()}, {"dtype", o.dtype},
+                   {"iters", o.iters}, {"rows", nlohmann::json::array()}};
+  std::map<std::string, std::pair<double, int>> avg;
+  for (const auto& r : rows) {
+    wrong += r.wrong;
+    auto& a = avg[r.op + " " + r.impl];
+    a.first += r.busbw;
+    a.second++;
+    if (o.min_busbw > 0 && bus_factor(r.op, c.size()) > 0 && r.busbw < o.min_busbw) under = true;
+    j["rows"].push_back({{"op", r.op}, {"impl", r.impl}, {"placement", r.placement}, {"type", r.type},
+                         {"bytes", r.bytes}, {"count", r.count}, {"time_us", r.us}, {"algbw_gbs", r.algbw},
+                         {"busbw_gbs", r.busbw}, {"wrong", r.wrong}});
+  }
+  if (c.rank() == 0) {
+    std::printf("# Out of bounds values : %ld %s\n", wrong, wrong ? "FAILED" : "OK");
+    for (const auto& [k, v] : avg) std::printf("# Avg bus bandwidth    : %8.3f GB/s  (%s)\n", v.first / v.second, k.c_str());
+    if (!o.json.empty()) {
+      std::FILE* f = std::fopen(o.json.c_str(), "w");
+      TESSERA_CHECK(f != nullptr, "cannot write --json file '", o.json, "'");
+      std::fputs(j.dump(2).c_str(), f);
+      std::fclose(f);
+    }
+    if (under) std::printf("# tessera: bus bandwidth under --min-busbw %.3f GB/s\n", o.min_busbw);
+  }
+  return wrong ? 2 : under ? 1 : 0;
+}
+
+}  // namespace collectives

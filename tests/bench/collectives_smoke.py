@@ -1,0 +1,40 @@
+#!/usr/bin/env python3
+"""CI smoke test of tessera-collectives on the host backend: a short sweep
+under mpirun, every operation and implementation present with no wrong
+element, the nccl-tests footer printed, and the PNG charts made from the JSON.
+Usage: collectives_smoke.py MPIEXEC BINARY PLOT_SCRIPT NP"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+mpiexec, binary, plot, np = sys.argv[1:5]
+with tempfile.TemporaryDirectory() as d:
+    js = os.path.join(d, 'run.json')
+    cmd = [mpiexec, '--oversubscribe', '--bind-to', 'none', '-np', np, binary, '-b', '8', '-e', '64K', '-f', '8',
+           '-w', '1', '-n', '3', '--json', js]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    print(res.stdout[-3000:])
+    if res.returncode != 0:
+        sys.exit(f'{" ".join(cmd)} exited {res.returncode}\n{res.stderr}')
+    assert '# Out of bounds values : 0 OK' in res.stdout, 'no correctness footer'
+    assert '# Avg bus bandwidth' in res.stdout
+    run = json.load(open(js))
+    assert run['world'] == int(np)
+    seen = {(r['op'], r['impl']) for r in run['rows']}
+    want = {('all_gather', i) for i in ('raw', 'sharded', 'unit', 'mixed')} | \
+           {('reduce_scatter', i) for i in ('raw', 'sharded', 'unit', 'mixed')} | \
+           {('all_reduce', 'raw'), ('all_reduce', 'unit'), ('broadcast', 'raw')}
+    assert want <= seen, f'missing rows: {want - seen}'
+    assert all(r['wrong'] == 0 for r in run['rows'])
+    assert all(r['time_us'] > 0 and r['algbw_gbs'] > 0 for r in run['rows'])
+    # --min-busbw far above what a host can do must fail with exit 1
+    bad = subprocess.run(cmd[:-2] + ['--min-busbw', '1e9'], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 1, f'--min-busbw did not fail: {bad.returncode}'
+    out = subprocess.run([sys.executable, plot, os.path.join(d, 'chart'), js], capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f'plot failed:\n{out.stderr}')
+    pngs = [l for l in out.stdout.split() if l.endswith('.png')]
+    assert len(pngs) == 4 and all(os.path.getsize(p) > 1000 for p in pngs), pngs
+    print('ok:', len(run['rows']), 'rows,', len(pngs), 'charts')
