@@ -95,16 +95,18 @@ struct timer {
         TESSERA_CUDA(cudaEventElapsedTime(&ms, a.get(), b.get()));
         total += ms * 1e-3;
       }
-      return total / iters;
-    }
+      return total / std::max(iters, 1);
+    } else
 #endif
-    for (int i = 0; i < iters; ++i) {
-      setup();
-      const auto t0 = std::chrono::steady_clock::now();
-      f();
-      total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    {
+      for (int i = 0; i < iters; ++i) {
+        setup();
+        const auto t0 = std::chrono::steady_clock::now();
+        f();
+        total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      }
+      return total / std::max(iters, 1);
     }
-    return total / iters;
   }
 };
 

@@ -24,6 +24,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <unistd.h>
 
@@ -101,12 +102,14 @@ public:
     init(rank, size, id);
   }
   nccl(nccl&& o) noexcept
-      : opt_(o.opt_), comm_(std::exchange(o.comm_, nullptr)), stream_(std::move(o.stream_)), rank_(o.rank_),
-        size_(o.size_), aborted_(o.aborted_) {}
+      : opt_(o.opt_), comm_(std::exchange(o.comm_, nullptr)), stream_(std::move(o.stream_)),
+        ready_(std::move(o.ready_)), done_pool_(std::move(o.done_pool_)), rank_(o.rank_), size_(o.size_),
+        aborted_(o.aborted_), barrier_(std::exchange(o.barrier_, nullptr)) {}
   nccl& operator=(nccl&&) = delete;
   nccl(const nccl&) = delete;
   nccl& operator=(const nccl&) = delete;
   ~nccl() {
+    if (barrier_) cudaFree(barrier_);
     if (!comm_) return;
     if (aborted_) return;
     if (opt_.timeout_s > 0) ncclCommAbort(comm_);  // a non-blocking destroy could wait forever
@@ -234,11 +237,12 @@ private:
   template <class F>
   request run(const char* what, std::size_t n, dtype t, F&& call) {
     const cudaStream_t compute = cuda::current_stream();
-    auto ready = std::make_shared<cuda::event>();
-    ready->record(compute);
-    ready->wait_on(stream_.get());
+    // cudaStreamWaitEvent takes the event's state when called, so one event
+    // serves every "inputs ready" edge; completion events are pooled.
+    ready_.record(compute);
+    ready_.wait_on(stream_.get());
     issue(what, n, t, call);
-    auto done = std::make_shared<cuda::event>();
+    auto done = done_event();
     done->record(stream_.get());
     return request([this, done, compute, what, n, t] {
       if (opt_.timeout_s > 0) {
@@ -257,9 +261,20 @@ private:
     });
   }
 
+  // A completion event no pending request holds (creating one per collective
+  // costs microseconds, as much as a small collective).
+  std::shared_ptr<cuda::event> done_event() {
+    for (auto& e : done_pool_)
+      if (e.use_count() == 1) return e;
+    done_pool_.push_back(std::make_shared<cuda::event>());
+    return done_pool_.back();
+  }
+
   nccl_options opt_;
   ncclComm_t comm_ = nullptr;
   cuda::stream stream_;
+  cuda::event ready_;
+  std::vector<std::shared_ptr<cuda::event>> done_pool_;
   int rank_ = 0, size_ = 1;
   bool aborted_ = false;
   void* barrier_ = nullptr;
