@@ -32,6 +32,7 @@ for op, lines in sorted(series.items()):
         pts.sort()
         ax.plot([p[0] for p in pts], [p[2] if use_alg else p[1] for p in pts], marker='o', ms=3, label=label)
     ax.set_xscale('log', base=2)
+    ax.set_yscale('log')
     ax.set_xlabel('size (bytes)')
     ax.set_ylabel(('algorithm' if use_alg else 'bus') + ' bandwidth (GB/s)')
     ax.set_title(f'tessera-collectives: {op}')
