@@ -37,10 +37,7 @@ struct random_fill {
   std::uint64_t seed;
   float scale, offset;
   __device__ void operator()(std::size_t i) const {
-    std::uint64_t x = (i + 1) * 0x9e3779b97f4a7c15ull ^ seed;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    x ^= x >> 31;
+    const std::uint64_t x = splitmix64((i + 1) * 0x9e3779b97f4a7c15ull ^ seed);
     p[i] = convert<T>(float(double(x >> 40) * 0x1p-24) * scale + offset);
   }
 };

@@ -9,15 +9,11 @@
 #include <vector>
 
 #include "tessera/core/error.hpp"
+#include "tessera/core/hash.hpp"
 
 namespace mlp_lm {
 
-inline std::uint64_t hash64(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+inline std::uint64_t hash64(std::uint64_t x) { return tessera::splitmix64(x); }
 
 //! Deterministic English-like text: sentences from a small grammar, so that a
 //! byte model has structure to learn at every scale (spelling, spacing, word order).

@@ -8,15 +8,12 @@
 #include <string>
 #include <typeinfo>
 
+#include "tessera/core/hash.hpp"
+
 namespace tessera_test {
 
 //! splitmix64 of a key: a deterministic hash giving independent streams.
-inline std::uint64_t mix(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+inline std::uint64_t mix(std::uint64_t x) { return tessera::splitmix64(x); }
 //! Uniform in [-1, 1) from a tuple of keys.
 template <class... K>
 inline double uniform(K... keys) {
