@@ -1,13 +1,33 @@
 // The strategy property on the CUDA backend: every strategy and wrapper matches
 // single-rank no_shard (comm::local<cuda>) over MPI staged through the host
-// (several ranks share the one GPU) and over NCCL at world size 1; fp32 on the
-// GPU matches the host backend within 1e-6 relative.
+// (several ranks may share one GPU) and over NCCL wherever each rank has its
+// own GPU (always at world size 1); fp32 on the GPU matches the host backend
+// within 1e-6 relative.
 #define BOOST_TEST_MODULE tessera_strategies_cuda
 #include "common/mpi_test_main.hpp"
 #include "common/strategy_suite.hpp"
 
 using namespace tessera;
 using B = backend::cuda;
+
+namespace {
+// One GPU per rank where there are enough (then NCCL can run at this world
+// size too); otherwise every rank shares device 0 through staged MPI.
+struct pick_device {
+  pick_device() {
+    int n = 0;
+    cudaGetDeviceCount(&n);
+    if (n > 0) cudaSetDevice(tessera_test::world_rank() % n);
+  }
+};
+BOOST_TEST_GLOBAL_FIXTURE(pick_device);
+
+bool nccl_possible(int world) {
+  int n = 0;
+  cudaGetDeviceCount(&n);
+  return world == 1 || n >= world;  // NCCL refuses two ranks on one GPU
+}
+}  // namespace
 using F = full_precision<float>;
 using MP = mixed_precision<bf16, float>;
 using MPW = mixed_precision<bf16, float, float, bf16>;
@@ -25,8 +45,9 @@ using bf16_configs = std::tuple<
 BOOST_AUTO_TEST_CASE_TEMPLATE(fp32_matches_single_rank_no_shard, Cfg, fp32_configs) {
   comm::mpi_device c;
   tessera_test::check_matches_single_rank_no_shard<Cfg>(c);
-  if (c.size() == 1) {  // NCCL refuses two ranks on one GPU: world size 1 only here
-    comm::nccl n;
+  if (nccl_possible(c.size())) {
+    comm::mpi boot;
+    comm::nccl n(boot);
     tessera_test::check_matches_single_rank_no_shard<Cfg>(n);
   }
 }
@@ -34,8 +55,9 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(fp32_matches_single_rank_no_shard, Cfg, fp32_confi
 BOOST_AUTO_TEST_CASE_TEMPLATE(bf16_matches_single_rank_no_shard, Cfg, bf16_configs) {
   comm::mpi_device c;
   tessera_test::check_matches_single_rank_no_shard<Cfg>(c);
-  if (c.size() == 1) {
-    comm::nccl n;
+  if (nccl_possible(c.size())) {
+    comm::mpi boot;
+    comm::nccl n(boot);
     tessera_test::check_matches_single_rank_no_shard<Cfg>(n);
   }
 }
