@@ -76,37 +76,44 @@ struct cast_fn {
 
 template <class B>
 struct timer {
-  // Seconds for `iters` runs of f, each preceded by an untimed setup(): per-run
-  // device events on CUDA (the collectives complete on the compute stream), a
-  // barrier-free wall clock on the host.
-  template <class Setup, class F>
-  static double per_iter(int iters, Setup&& setup, F&& f) {
+  // Seconds per run of f, after `warmup` untimed runs and a barrier (so rank
+  // skew and lazy set-up stay out of the figure). Without a setup step the
+  // runs go back to back between two stamps, as nccl-tests times them; with
+  // one, every run is set up, the ranks meet at a barrier, and only f is
+  // timed. CUDA: events on the compute stream, where the collectives complete.
+  template <class Setup, class F, class Barrier>
+  static double run(int warmup, int iters, Setup&& setup, F&& f, Barrier&& barrier, bool has_setup) {
+    for (int i = 0; i < warmup; ++i) {
+      setup();
+      f();
+    }
+    barrier();
     double total = 0;
-#if TESSERA_CUDA_COMPILER
-    if constexpr (std::is_same_v<B, backend::cuda>) {
-      tessera::cuda::event a(true), b(true);
-      for (int i = 0; i < iters; ++i) {
+    const int batches = has_setup ? iters : 1, per_batch = has_setup ? 1 : iters;
+    for (int b = 0; b < batches; ++b) {
+      if (has_setup) {
         setup();
-        a.record(tessera::cuda::current_stream());
-        f();
-        b.record(tessera::cuda::current_stream());
-        b.synchronize();
-        float ms = 0;
-        TESSERA_CUDA(cudaEventElapsedTime(&ms, a.get(), b.get()));
-        total += ms * 1e-3;
+        barrier();
       }
-      return total / std::max(iters, 1);
-    } else
+#if TESSERA_CUDA_COMPILER
+      if constexpr (std::is_same_v<B, backend::cuda>) {
+        tessera::cuda::event e0(true), e1(true);
+        e0.record(tessera::cuda::current_stream());
+        for (int i = 0; i < per_batch; ++i) f();
+        e1.record(tessera::cuda::current_stream());
+        e1.synchronize();
+        float ms = 0;
+        TESSERA_CUDA(cudaEventElapsedTime(&ms, e0.get(), e1.get()));
+        total += ms * 1e-3;
+      } else
 #endif
-    {
-      for (int i = 0; i < iters; ++i) {
-        setup();
+      {
         const auto t0 = std::chrono::steady_clock::now();
-        f();
+        for (int i = 0; i < per_batch; ++i) f();
         total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       }
-      return total / std::max(iters, 1);
     }
+    return total / std::max(iters, 1);
   }
 };
 
@@ -167,6 +174,17 @@ private:
 
   void measure(const std::string& op, const std::string& impl, std::size_t bytes, std::vector<row>& rows);
 
+  void barrier() {
+    c_.barrier();
+    ops::synchronize();
+  }
+  template <class F> double time_batch(F&& f) {
+    return timer<B>::run(o_.warmup, o_.iters, [] {}, f, [&] { barrier(); }, false);
+  }
+  template <class S, class F> double time_each(S&& setup, F&& f) {
+    return timer<B>::run(o_.warmup, o_.iters, setup, f, [&] { barrier(); }, true);
+  }
+
   // ---- raw: the transport on a plain buffer, out-of-place and in-place ----
   void raw(const std::string& op, std::size_t bytes, std::vector<row>& rows) {
     const std::size_t n = per_rank(op, bytes), N = std::size_t(N_);
@@ -202,11 +220,9 @@ private:
         } else want = iota_value<T>(0, i);
         wrong += convert<double>(got[i]) != want;
       }
-      auto refill = [&] {
-        if (inplace) fill();  // in place, the previous run overwrote the input
-      };
-      (void)timer<B>::per_iter(o_.warmup, refill, call);
-      const double sec = timer<B>::per_iter(o_.iters, refill, call);
+      // Timed back to back like nccl-tests; in place, later runs see the
+      // previous output as input, which changes no timing.
+      const double sec = time_batch(call);
       emit(rows, op, "raw", inplace ? "inplace" : "outplace", name(), bytes, n, sec, wrong);
     }
   }
@@ -227,7 +243,7 @@ private:
       t.gather_padded(full.span());
       const auto got = host_copy(std::span<const T>(full.span().first(total)));
       for (std::size_t i = 0; i < total; ++i) wrong += convert<double>(got[i]) != iota_value<T>(0, i);
-      const double sec = timer<B>::per_iter(o_.iters, [] {}, [&] { t.gather_padded(full.span()); });
+      const double sec = time_batch([&] { t.gather_padded(full.span()); });
       emit(rows, op, "sharded", "outplace", name(), bytes, total, sec, wrong);
     } else {
       ops::for_each(full.size(), iota_fn<T>{full.data(), r_, 0});
@@ -238,7 +254,7 @@ private:
         for (int q = 0; q < N_; ++q) want += iota_value<T>(q, t.global_offset() + i);
         wrong += convert<double>(got[i]) != want;
       }
-      const double sec = timer<B>::per_iter(o_.iters, [] {}, [&] { t.reduce_scatter_padded(std::span<const T>(full.span())); });
+      const double sec = time_batch([&] { t.reduce_scatter_padded(std::span<const T>(full.span())); });
       emit(rows, op, "sharded", "outplace", name(), bytes, total, sec, wrong);
     }
   }
@@ -281,7 +297,7 @@ private:
         for (const auto& ts : L.tensors())
           for (std::size_t i = 0; i < ts.numel; ++i) wrong += convert<double>(got[ts.offset + i]) != iota_value<T>(0, ts.offset + i);
       }
-      const double sec = timer<B>::per_iter(o_.iters, [&] { model.release_gathered(); }, [&] { auto s = model.gather(u); });
+      const double sec = time_each([&] { model.release_gathered(); }, [&] { auto s = model.gather(u); });
       emit(rows, op, "unit", "outplace", name(), L.padded_numel() * sizeof(T), numel, sec, wrong);
     } else {
       auto fill = [&] {
@@ -303,7 +319,7 @@ private:
         for (int q = 0; q < N_; ++q) want += iota_value<T>(q, lo + i);
         wrong += convert<double>(got[i]) != want;
       }
-      const double sec = timer<B>::per_iter(o_.iters, fill, reduce);
+      const double sec = time_each(fill, reduce);
       emit(rows, op, "unit", "outplace", name(), L.padded_numel() * sizeof(T), numel, sec, wrong);
     }
   }
@@ -327,7 +343,7 @@ private:
       long wrong = 0;
       for (std::size_t i = 0; i < got.size(); ++i) wrong += float(got[i]) != iota_value<float>(int(i / n), i % n);
       emit(rows, op, "mixed", "inplace", "f32>bf16", n * N * sizeof(bf16), n,
-           timer<B>::per_iter(o_.iters, [] {}, call), wrong);
+           time_batch(call), wrong);
     } else if (op == "reduce_scatter") {
       // bf16 gradients -> fp32 wire (the cast) -> fp32 reduce-scatter.
       const std::size_t n = std::max<std::size_t>(bytes / sizeof(float) / N, 1);
@@ -347,7 +363,7 @@ private:
         wrong += got[i] != want;
       }
       emit(rows, op, "mixed", "outplace", "bf16>f32", n * N * sizeof(float), n,
-           timer<B>::per_iter(o_.iters, [] {}, call), wrong);
+           time_batch(call), wrong);
     }
   }
 
