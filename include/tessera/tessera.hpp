@@ -24,6 +24,7 @@
 #include "tessera/optim/algorithms.hpp"
 #include "tessera/optim/sharded_optimizer.hpp"
 #if TESSERA_CUDA_COMPILER || defined(TESSERA_WITH_CUDA)
+#include "tessera/backend/cuda/blas.hpp"
 #include "tessera/backend/cuda/ops.cuh"
 #include "tessera/comm/mpi_device.hpp"
 #if __has_include(<nccl.h>)

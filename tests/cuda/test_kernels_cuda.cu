@@ -205,6 +205,46 @@ BOOST_AUTO_TEST_CASE(nccl_at_world_size_one) {
                     tessera::error);
 }
 
+// Row-major GEMM through the per-stream cuBLAS handle against float64, every
+// transpose combination, awkward sizes; fp32 (TF32 allowed) and bf16 operands.
+template <class T>
+void check_gemm(double tol) {
+  std::mt19937_64 rng(std::random_device{}());
+  std::normal_distribution<float> nd;
+  const int m = 33, n = 17, k = 65;
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb) {
+      std::vector<T> a(std::size_t(m) * k), b(std::size_t(k) * n);
+      for (auto& x : a) x = convert<T>(nd(rng));
+      for (auto& x : b) x = convert<T>(nd(rng));
+      std::vector<float> c0(std::size_t(m) * n);
+      for (auto& x : c0) x = nd(rng);
+      auto da = to_device(a), db = to_device(b);
+      auto dc = to_device(c0);
+      tessera::cuda::gemm(ta, tb, m, n, k, 0.5f, da.data(), db.data(), 2.0f, dc.data());
+      const auto c = to_host(dc);
+      double err = 0, ref_norm = 0;
+      for (int i = 0; i < m; ++i)
+        for (int j = 0; j < n; ++j) {
+          double s = 0;
+          for (int p = 0; p < k; ++p) {
+            const double av = convert<double>(ta ? a[std::size_t(p) * m + i] : a[std::size_t(i) * k + p]);
+            const double bv = convert<double>(tb ? b[std::size_t(j) * k + p] : b[std::size_t(p) * n + j]);
+            s += av * bv;
+          }
+          const double ref = 0.5 * s + 2.0 * c0[std::size_t(i) * n + j];
+          err += (c[std::size_t(i) * n + j] - ref) * (c[std::size_t(i) * n + j] - ref);
+          ref_norm += ref * ref;
+        }
+      BOOST_TEST_CONTEXT("trans_a " << ta << " trans_b " << tb) { BOOST_TEST(std::sqrt(err / ref_norm) <= tol); }
+    }
+}
+BOOST_AUTO_TEST_CASE(gemm_against_float64) {
+  check_gemm<float>(1e-3);  // TF32 tensor cores: 10-bit mantissa products, fp32 sums
+  check_gemm<bf16>(1e-5);   // exact bf16 products, fp32 sums: only the accumulation rounds
+  BOOST_TEST(tessera::cuda::blas_for() == tessera::cuda::blas_for());  // one handle per stream, reused
+}
+
 BOOST_AUTO_TEST_CASE(failed_cuda_call_is_a_tessera_error) {
   try {
     TESSERA_CUDA(cudaSetDevice(1 << 20));
