@@ -23,6 +23,8 @@ struct options {
 //! Errors print one line starting with "tessera:" to stderr.
 inline int parse(int argc, char** argv, options& o) {
   CLI::App app{"tessera-mlp-lm: byte-level MLP language model trained with Tessera's sharded data parallelism"};
+  // A later flag overrides an earlier one, so scripts can append to a default command line.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_option("--backend", o.backend, "host or cuda")->check(CLI::IsMember({"host", "cuda"}));
   app.add_option("--wrapper", o.wrapper, "ddp or fsdp")->check(CLI::IsMember({"ddp", "fsdp"}));
   app.add_option("--strategy", o.strategy, "no_shard, optim, optim_grads or optim_grads_params")
