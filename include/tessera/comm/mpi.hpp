@@ -87,6 +87,8 @@ template <class T> MPI_Op half_op(reduce_op op) {
 }  // namespace detail
 
 //! Host-memory communicator over an MPI communicator it duplicates and owns.
+//! Requests it returns refer to it: keep it in place (do not move it) while
+//! any of them is pending.
 class mpi {
 public:
   using backend_type = backend::host;

@@ -17,7 +17,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -131,7 +130,6 @@ public:
       if (persistent_full_grads) p.grads += full * sizeof(G);
       if (strategy::shards_optimizer) p.grads += shard * sizeof(G);
     }
-    (void)world;
     if (strategy::shards_params) p.gathered_buffers = std::size_t(o.gather_buffers) * max_padded * sizeof(C);
     p.reduction_buffers = std::size_t(o.grad_buffers) * slot_bytes(max_padded, max_padded / std::size_t(world));
     return p;
