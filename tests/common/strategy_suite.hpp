@@ -21,6 +21,14 @@ constexpr double tolerance() {
 }
 
 //! Cfg over communicator c against no_shard over comm::local of the same backend.
+//! Samples per micro-batch for Cfg on N ranks: a sum allows any split of the
+//! batch (7: uneven, some ranks may get none); an average needs the same number
+//! on every rank.
+template <class Cfg>
+int global_samples(int N) {
+  return std::is_same_v<typename Cfg::averaging, tessera::sum> ? 7 : 2 * N;
+}
+
 template <class Cfg, class Comm>
 void check_matches_single_rank_no_shard(Comm& c) {
   using namespace tessera;
@@ -31,9 +39,7 @@ void check_matches_single_rank_no_shard(Comm& c) {
     for (int alg = 0; alg < 2; ++alg) {
       run_params p;
       p.alignment = align;
-      // a sum allows any split of the batch (here uneven, some ranks may get none);
-      // an average needs the same number of samples on every rank.
-      p.global_samples = std::is_same_v<typename Cfg::averaging, tessera::sum> ? 7 : 2 * N;
+      p.global_samples = global_samples<Cfg>(N);
       const run_result ref = alg == 0 ? train<Ref>(solo, test_adamw(), p) : train<Ref>(solo, test_sgd(), p);
       const run_result got = alg == 0 ? train<Cfg>(c, test_adamw(), p) : train<Cfg>(c, test_sgd(), p);
       BOOST_TEST_CONTEXT(Cfg::strategy::name << " / " << Cfg::wrapper::name << " / "

@@ -42,7 +42,9 @@ using bf16_configs = std::tuple<
     config<optim_grads, fsdp, MP, average_in_collective, B>, config<optim_grads_params, fsdp, MP, average_in_collective, B>,
     config<optim_grads_params, fsdp, MPW, average_in_collective, B>, config<optim, fsdp, MPW, post_divide, B>>;
 
-BOOST_AUTO_TEST_CASE_TEMPLATE(fp32_matches_single_rank_no_shard, Cfg, fp32_configs) {
+// Over staged MPI at every world size, and over NCCL where it can run.
+template <class Cfg>
+void check_on_every_transport() {
   comm::mpi_device c;
   tessera_test::check_matches_single_rank_no_shard<Cfg>(c);
   if (nccl_possible(c.size())) {
@@ -52,21 +54,19 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(fp32_matches_single_rank_no_shard, Cfg, fp32_confi
   }
 }
 
+BOOST_AUTO_TEST_CASE_TEMPLATE(fp32_matches_single_rank_no_shard, Cfg, fp32_configs) {
+  check_on_every_transport<Cfg>();
+}
+
 BOOST_AUTO_TEST_CASE_TEMPLATE(bf16_matches_single_rank_no_shard, Cfg, bf16_configs) {
-  comm::mpi_device c;
-  tessera_test::check_matches_single_rank_no_shard<Cfg>(c);
-  if (nccl_possible(c.size())) {
-    comm::mpi boot;
-    comm::nccl n(boot);
-    tessera_test::check_matches_single_rank_no_shard<Cfg>(n);
-  }
+  check_on_every_transport<Cfg>();
 }
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(fp32_gpu_matches_host_backend, Cfg, fp32_configs) {
   comm::mpi_device dc;
   comm::mpi hc;
   tessera_test::run_params p;
-  p.global_samples = std::is_same_v<typename Cfg::averaging, tessera::sum> ? 7 : 2 * dc.size();
+  p.global_samples = tessera_test::global_samples<Cfg>(dc.size());
   const auto gpu = tessera_test::train<Cfg>(dc, tessera_test::test_adamw(), p);
   const auto cpu = tessera_test::train<tessera_test::on_backend<Cfg, backend::host>>(hc, tessera_test::test_adamw(), p);
   BOOST_TEST_CONTEXT(Cfg::strategy::name << " / " << Cfg::wrapper::name << " rank " << dc.rank() << " of " << dc.size()) {
