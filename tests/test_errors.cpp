@@ -120,6 +120,12 @@ BOOST_AUTO_TEST_CASE(gather_pool_exhausted) {
   m.finalize();
   auto a = m.gather(u[0]);
   auto b = m.gather(u[1]);
+  if (c.size() == 1) {  // one rank: its shard is the whole unit, no gather buffer is used
+    BOOST_TEST(m.planned().gathered_buffers == 0u);
+    auto d = m.gather(u[2]);
+    BOOST_TEST(d.weights().size() >= 4u);
+    return;
+  }
   expect_error([&] { (void)m.gather(u[2]); }, "gather buffers are held by live scopes");
   a.release();
   auto d = m.gather(u[2]);  // a freed buffer is reused

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "model.hpp"
@@ -34,6 +35,8 @@ class host_mlp {
   template <class T> using buf = tessera::host::buffer<T>;
 
 public:
+  static constexpr const char* backend_name = "host";
+
   host_mlp(Wrapper& m, const model_ids& ids, const model_shape& s, std::size_t max_tokens)
       : m_(m), ids_(ids), s_(s), n_max_(max_tokens),
         x_(std::size_t(s.layers + 1) * max_tokens * std::size_t(s.d)),
@@ -45,10 +48,18 @@ public:
     if constexpr (!std::is_same_v<C, float>) wide_ = buf<float>(widest);
   }
 
+  [[nodiscard]] static constexpr bool fused() noexcept { return false; }
+  //! Host bytes this class holds (activations and scratch), for the memory estimate.
+  [[nodiscard]] static std::size_t workspace_bytes(const model_shape& s, std::size_t n) {
+    const std::size_t D = std::size_t(s.d), H = std::size_t(s.hidden()), L = std::size_t(s.layers);
+    return sizeof(float) * ((L + 1) * n * D + L * n * H + 2 * n * H + n * D + n * vocab);  // + widened unit (bf16)
+  }
+
   //! One micro-batch: forward, loss, backward with gradients accumulated into the
   //! wrapper (scaled by 1 / global_tokens), each unit's reduction started as soon
-  //! as its gradients are complete. Returns the summed cross-entropy of these tokens.
-  double forward_backward(const std::uint8_t* ctx, const std::uint8_t* target, std::size_t n, double global_tokens) {
+  //! as its gradients are complete. The summed cross-entropy of these tokens
+  //! accumulates until take_loss().
+  void forward_backward(const std::uint8_t* ctx, const std::uint8_t* target, std::size_t n, double global_tokens) {
     TESSERA_CHECK(n <= n_max_, "micro-batch of ", n, " tokens over the planned ", n_max_);
     const int d = s_.d, e = s_.e(), hd = s_.hidden(), L = s_.layers;
     const auto D = std::size_t(d), H = std::size_t(hd);
@@ -142,8 +153,10 @@ public:
         }
       sc.reduce_grads();
     }
-    return loss;
+    loss_ += loss;
   }
+  void finish_loss() {}
+  double take_loss() { return std::exchange(loss_, 0.0); }
 
 private:
   // fp32 view of compute weights: the weights themselves, or a widened copy.
@@ -160,6 +173,7 @@ private:
   const model_ids& ids_;
   model_shape s_;
   std::size_t n_max_;
+  double loss_ = 0;
   buf<float> x_, h_, a_, da_, dx_, logits_, wide_;
 };
 

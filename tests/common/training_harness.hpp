@@ -5,6 +5,7 @@
 // gradients are deterministic functions of the compute weights and the global
 // sample index, so any world size that splits the same global batch must
 // reproduce the single-rank no_shard result.
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -35,6 +36,9 @@ struct run_params {
   double clip = 0.5;
   std::size_t alignment = 16;
   bool nonfinite_at_step1_on_last_rank = false;
+  // Write gradients through grads_for_write(): assign when the unit is fresh
+  // (its buffer holds garbage), accumulate otherwise, as the GPU trainer does.
+  bool assign_when_fresh = false;
 };
 
 //! Initial value of element i of tensor t in unit u (the same on every rank).
@@ -101,15 +105,24 @@ run_result train(Comm& c, Alg alg, const run_params& p) {
       }
       for (std::size_t u = units.size(); u-- > 0;) {  // backward, last unit first
         auto s = model.gather(units[u]);
+        std::span<typename W::grad_type> all;
+        bool fresh = false;
+        if (p.assign_when_fresh) {
+          const auto target = s.grads_for_write();
+          all = target.grads;
+          fresh = target.fresh;
+        }
         for (std::size_t t = 0; t < params[u].size(); ++t) {
           // Through host copies, so the same code drives every backend.
           auto wd = s.weight(params[u][t]);
-          auto gd = s.grad(params[u][t]);
+          const auto& slot = model.engine().slot(params[u][t]);
+          auto gd = p.assign_when_fresh ? all.subspan(slot.offset, slot.numel) : s.grad(params[u][t]);
           BOOST_REQUIRE_EQUAL(wd.size(), gd.size());
           std::vector<typename W::compute_type> w(wd.size());
           std::vector<typename W::grad_type> g(gd.size());
           ops::copy_to_host(std::span(w), wd);
-          ops::copy_to_host(std::span(g), std::span<const typename W::grad_type>(gd));
+          if (fresh) std::fill(g.begin(), g.end(), typename W::grad_type{});  // the buffer's garbage is not read
+          else ops::copy_to_host(std::span(g), std::span<const typename W::grad_type>(gd));
           const std::size_t n = w.size();
           for (long k = k0; k < k1; ++k)
             for (std::size_t i = 0; i < n; ++i) {

@@ -54,6 +54,10 @@ public:
       return live().grad(p);
     }
     [[nodiscard]] std::span<grad_type> grads() { return live().unit_grads(u_); }
+    //! The whole unit's gradients for a writer that assigns every element of
+    //! every parameter when `fresh` is true (nothing accumulated yet this step;
+    //! saves zeroing them) and accumulates when it is false.
+    [[nodiscard]] typename engine_type::grad_target grads_for_write() { return live().unit_grads_for_write(u_); }
     //! Starts this unit's gradient reduction (non-blocking).
     void reduce_grads() { live().reduce_grads(u_); }
     //! Gives the weights back early; the scope is unusable afterwards.

@@ -112,6 +112,7 @@ public:
     TESSERA_CHECK(!specs_.empty(), "finalize() with no unit registered");
     for (auto& s : specs_) layouts_.emplace_back(s.name, s.tensors, comm_.size(), opt_.alignment);
     verify_agreement();
+    solo_ = solo(comm_.size());
     plan_ = plan(layouts_, comm_.size(), opt_);
     allocate();
     finalized_ = true;
@@ -121,15 +122,17 @@ public:
   [[nodiscard]] static memory_plan plan(const std::vector<unit_layout>& units, int world, const wrapper_options& o) {
     memory_plan p;
     std::size_t max_padded = 0;
+    const bool alone = solo(world);
     for (auto& u : units) {
       const std::size_t full = u.padded_numel(), shard = u.shard_numel();
       const std::size_t opt_range = strategy::shards_optimizer ? shard : full;
       max_padded = std::max(max_padded, full);
       p.compute_weights += (strategy::shards_params ? shard : full) * sizeof(C);
       if (!main_aliases_compute) p.main_weights += opt_range * sizeof(M);
-      if (persistent_full_grads) p.grads += full * sizeof(G);
-      if (strategy::shards_optimizer) p.grads += shard * sizeof(G);
+      if (persistent_full_grads || alone) p.grads += full * sizeof(G);
+      if (strategy::shards_optimizer && !alone) p.grads += shard * sizeof(G);
     }
+    if (alone) return p;  // no gather or reduction buffers: nothing is communicated
     if (strategy::shards_params) p.gathered_buffers = std::size_t(o.gather_buffers) * max_padded * sizeof(C);
     p.reduction_buffers = std::size_t(o.grad_buffers) * slot_bytes(max_padded, max_padded / std::size_t(world));
     return p;
@@ -275,22 +278,36 @@ public:
   }
   //! Gradient view of a whole padded unit.
   [[nodiscard]] std::span<G> unit_grads(std::size_t u) {
-    require_final("grad()");
+    check_grad_access(u);
     auto& st = units_.at(u);
     const auto& L = layouts_[u];
-    TESSERA_CHECK(!grads_ready_, "gradient of unit '", L.name(),
-                  "' requested after finish_grad_sync; call step() or zero_grad() first");
-    TESSERA_CHECK(!st.reduced, "gradient of unit '", L.name(),
-                  "' requested after reduce_grads in the same micro-batch");
-    if constexpr (strategy::shards_params)
-      TESSERA_CHECK(st.holders > 0, "gradient view of unit '", L.name(),
-                    "' requested while the unit is released; take it inside gather(unit)");
-    if constexpr (persistent_full_grads) {
+    if (persistent_full_grads || solo_) {
+      materialize_zeros(st);
       return st.grad_full.span();
-    } else {
-      if (st.grad_slot < 0) st.grad_slot = acquire_slot(u, /*zero grads=*/true);
-      return slots_[std::size_t(st.grad_slot)].grad.span().first(L.padded_numel());
     }
+    if (st.grad_slot < 0) st.grad_slot = acquire_slot(u, /*zero grads=*/true);
+    return slots_[std::size_t(st.grad_slot)].grad.span().first(L.padded_numel());
+  }
+
+  //! What unit_grads_for_write hands out.
+  struct grad_target {
+    std::span<G> grads;  //!< the whole padded unit
+    bool fresh;          //!< true: holds no gradient yet; assign, do not accumulate
+  };
+  //! Gradient view of unit u for a writer that, when `fresh`, assigns every
+  //! element of every parameter (a GEMM with beta = 0, say) and otherwise
+  //! accumulates. A fresh buffer's contents are undefined except the padding,
+  //! which is zero; this saves zeroing all gradients every step.
+  [[nodiscard]] grad_target unit_grads_for_write(std::size_t u) {
+    check_grad_access(u);
+    auto& st = units_.at(u);
+    const auto& L = layouts_[u];
+    if (persistent_full_grads || solo_) return {st.grad_full.span(), std::exchange(st.zero_pending, false)};
+    if (st.grad_slot >= 0) return {slots_[std::size_t(st.grad_slot)].grad.span().first(L.padded_numel()), false};
+    st.grad_slot = acquire_slot(u, /*zero grads=*/false);
+    auto g = slots_[std::size_t(st.grad_slot)].grad.span().first(L.padded_numel());
+    zero_padding(g, L);  // the slot last held another unit
+    return {g, true};
   }
 
   //! Starts the reduction of unit u's gradients (non-blocking). Each rank must
@@ -302,6 +319,8 @@ public:
     TESSERA_CHECK(!grads_ready_, "reduce_grads('", L.name(), "') after finish_grad_sync");
     TESSERA_CHECK(!st.reduced, "reduce_grads('", L.name(), "') called twice in one micro-batch");
     st.reduced = true;
+    if (persistent_full_grads || solo_) materialize_zeros(st);  // nobody wrote: zeros
+    if (solo_) return;  // one rank, wire = grad type: the sum over ranks is the gradient itself
     const bool last = mb_index_ == mb_count_ - 1;
     if (!strategy::shards_grads && !last) return;  // accumulate locally, communicate once
 
@@ -364,8 +383,9 @@ public:
     require_final("zero_grad()");
     complete_all();
     for (auto& st : units_) {
-      if constexpr (persistent_full_grads) ops::fill(st.grad_full.span(), G{});
-      if constexpr (strategy::shards_optimizer) ops::fill(st.grad_shard.span(), G{});
+      // grad_full is zeroed when next used; grad_shard is overwritten by its
+      // first reduction (shard_fresh), so neither is filled here.
+      st.zero_pending = persistent_full_grads || solo_;
       st.shard_fresh = true;
       st.reduced = false;
       st.grad_slot = -1;
@@ -387,16 +407,17 @@ public:
   [[nodiscard]] std::span<M> main_weights(std::size_t u) { return main_span(units_.at(u), layouts_.at(u)); }
   [[nodiscard]] std::span<G> opt_grads(std::size_t u) {
     auto& st = units_.at(u);
-    if constexpr (strategy::shards_optimizer) return st.grad_shard.span();
-    else return st.grad_full.span();
+    if (persistent_full_grads || solo_) materialize_zeros(st);
+    if (strategy::shards_optimizer && !solo_) return st.grad_shard.span();
+    return st.grad_full.span();
   }
   //! The part of opt_grads this rank counts in the global norm: the optimizer range
   //! where sharded; the rank's shard of the replicated gradient for no_shard, so
   //! that one all-reduce of the partial sums gives the norm on every world size.
   [[nodiscard]] std::span<G> norm_grads(std::size_t u) {
     const auto& L = layouts_.at(u);
-    if constexpr (strategy::shards_optimizer) return opt_grads(u);
-    else return opt_grads(u).subspan(L.shard_begin(rank()), L.shard_numel());
+    if (strategy::shards_optimizer || solo_) return opt_grads(u);
+    return opt_grads(u).subspan(L.shard_begin(rank()), L.shard_numel());
   }
 
   //! Where the optimizer may write compute weights for unit u's optimizer range
@@ -423,7 +444,7 @@ public:
       if constexpr (!main_aliases_compute)
         if (!converted) ops::for_each(n, scale_convert<C, M>{st.main.data(), dst, 1.0});
       if constexpr (strategy::shards_optimizer && !strategy::shards_params)
-        st.weights_ready = comm_.iall_gather(dst, st.weights.data(), n, dtype_of_v<C>);
+        if (!solo_) st.weights_ready = comm_.iall_gather(dst, st.weights.data(), n, dtype_of_v<C>);
     }
   }
 
@@ -444,14 +465,14 @@ public:
     const auto& st = units_.at(u);
     const auto& L = layouts_[u];
     TESSERA_CHECK(st.holders > 0, "weights of unit '", L.name(), "' used while released; take them inside gather(unit)");
-    if constexpr (strategy::shards_params) return gathered_[std::size_t(st.gathered_slot)].data.span().first(L.padded_numel());
-    else return st.weights.span();
+    if (strategy::shards_params && !solo_) return gathered_[std::size_t(st.gathered_slot)].data.span().first(L.padded_numel());
+    return st.weights.span();  // replicated, or the one rank's shard is the whole unit
   }
 
   void acquire(std::size_t u) {
     require_final("gather()");
     auto& st = units_.at(u);
-    if constexpr (!strategy::shards_params) {
+    if (!strategy::shards_params || solo_) {
       wait_weights_ready(u);
     } else {
       if (st.gathered_slot < 0) start_gather(u, /*for_prefetch=*/false);
@@ -491,6 +512,7 @@ private:
     int holders = 0;         // live scopes
     bool reduced = false;    // reduce_grads called in this micro-batch
     bool shard_fresh = true; // grad_shard holds nothing yet this step
+    bool zero_pending = false;  // grad_full is logically zero (see materialize_zeros)
   };
   enum class slot_state { direct, staged, all_reduced };
   struct reduction_slot {
@@ -526,6 +548,34 @@ private:
     return {a - off, a - lo, b - a};
   }
   [[noreturn]] static void fail(const std::string& m) { detail::fail(m); }
+  void check_grad_access(std::size_t u) const {
+    require_final("grad()");
+    const auto& st = units_.at(u);
+    const auto& L = layouts_[u];
+    TESSERA_CHECK(!grads_ready_, "gradient of unit '", L.name(),
+                  "' requested after finish_grad_sync; call step() or zero_grad() first");
+    TESSERA_CHECK(!st.reduced, "gradient of unit '", L.name(), "' requested after reduce_grads in the same micro-batch");
+    if constexpr (strategy::shards_params)
+      TESSERA_CHECK(st.holders > 0, "gradient view of unit '", L.name(),
+                    "' requested while the unit is released; take it inside gather(unit)");
+  }
+  // Persistent gradients are zeroed lazily: zero_grad() only marks them, and
+  // a writer that assigns every element (unit_grads_for_write) never pays.
+  void materialize_zeros(unit_state& st) {
+    if (std::exchange(st.zero_pending, false)) ops::fill(st.grad_full.span(), G{});
+  }
+  // Zeroes the padding between and after a unit's tensors in a buffer laid out like L.
+  static void zero_padding(std::span<G> g, const unit_layout& L) {
+    std::size_t end = 0;
+    for (const auto& t : L.tensors()) {
+      if (t.offset > end) ops::fill(g.subspan(end, t.offset - end), G{});
+      end = t.offset + t.numel;
+    }
+    if (L.padded_numel() > end) ops::fill(g.subspan(end, L.padded_numel() - end), G{});
+  }
+  // One rank and gradients already in the wire type: nothing to communicate,
+  // so the shard is the whole unit and gather / reduce become views.
+  static bool solo(int world) { return world == 1 && wire_is_grad; }
   void check_open(const std::string& what) const {
     TESSERA_CHECK(!finalized_, what, " after finalize(): register every unit and parameter before finalize()");
   }
@@ -563,16 +613,17 @@ private:
         st.main = buffer<M>(opt_range(L).second);
         ops::fill(st.main.span(), M{});
       }
-      if constexpr (persistent_full_grads) {
+      if (persistent_full_grads || solo_) {
         st.grad_full = buffer<G>(L.padded_numel());
-        ops::fill(st.grad_full.span(), G{});
+        ops::fill(st.grad_full.span(), G{});  // the padding stays zero from here on
       }
-      if constexpr (strategy::shards_optimizer) {
+      if (strategy::shards_optimizer && !solo_) {
         st.grad_shard = buffer<G>(L.shard_numel());
         ops::fill(st.grad_shard.span(), G{});
       }
       units_.push_back(std::move(st));
     }
+    if (solo_) return;
     for (int i = 0; i < opt_.grad_buffers; ++i) {
       reduction_slot s;
       if constexpr (strategy::shards_grads) s.grad = buffer<G>(max_padded);
@@ -724,7 +775,7 @@ private:
   std::vector<reduction_slot> slots_;
   std::vector<gathered_slot> gathered_;
   memory_plan plan_;
-  bool finalized_ = false, grads_ready_ = false, mb_open_ = false;
+  bool finalized_ = false, grads_ready_ = false, mb_open_ = false, solo_ = false;
   int mb_index_ = 0, mb_count_ = 1, last_gathered_ = -1;
   std::uint64_t order_ = 0;
 };

@@ -1,0 +1,252 @@
+#pragma once
+// Forward and backward of the MLP language model on the GPU.
+//
+// bf16 (mixed precision): every product is a cuBLASLt GEMM on bf16 operands
+// with fp32 accumulation; the first layer of a block fuses bias + GELU and
+// keeps the GELU input (aux) for backward, the backward product through W2
+// fuses GELU-gradient + bias-gradient. Weight gradients are written straight
+// into the wrapper's fp32 gradient buffers (fp32 GEMM output, beta = 0 on the
+// first micro-batch of a step, so gradients are never zeroed). Activations,
+// the residual stream and its gradient are bf16, as under PyTorch autocast
+// except that the residual stream there is fp32.
+//
+// fp32: the same products in strict fp32 (no TF32) and the epilogues as
+// separate kernels, so that the GPU matches the host backend.
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "cuda_kernels.cuh"
+#include "model.hpp"
+#include "tessera/backend/cuda/blaslt.hpp"
+#include "tessera/backend/cuda/buffer.hpp"
+#include "tessera/backend/cuda/stream.hpp"
+
+namespace mlp_lm {
+
+template <class Wrapper>
+class cuda_mlp {
+  using C = typename Wrapper::compute_type;
+  using G = typename Wrapper::grad_type;
+  static_assert(std::is_same_v<G, float>, "the GPU trainer accumulates fp32 gradients");
+  static_assert(std::is_same_v<C, float> || std::is_same_v<C, tessera::bf16>, "compute weights are fp32 or bf16");
+  template <class T> using dbuf = tessera::cuda::buffer<T>;
+  template <class T> using problem = tessera::cuda::matmul_problem<C, T>;
+  using epilogue = tessera::cuda::epilogue;
+
+public:
+  static constexpr const char* backend_name = "cuda";
+
+  cuda_mlp(Wrapper& m, const model_ids& ids, const model_shape& s, std::size_t max_tokens)
+      : m_(m), ids_(ids), s_(s), n_max_(max_tokens) {
+    const std::size_t D = std::size_t(s.d), H = std::size_t(s.hidden()), L = std::size_t(s.layers);
+    x_ = dbuf<C>((L + 1) * n_max_ * D);
+    pre_ = dbuf<C>(L * n_max_ * H);
+    act_ = dbuf<C>(L * n_max_ * H);
+    z_ = dbuf<C>(n_max_ * vocab);
+    dx_ = dbuf<C>(n_max_ * D);
+    dh_ = dbuf<C>(n_max_ * H);
+    bgrad_ = dbuf<C>(H);
+    scratch_ = dbuf<float>(std::size_t(gpu::column_parts_max) * std::max<std::size_t>(D, vocab));
+    loss_ = dbuf<double>(1);
+    inputs_ = dbuf<std::byte>(input_bytes());
+    for (auto& p : staged_) p = tessera::cuda::pinned_buffer<std::byte>(input_bytes());
+    loss_host_ = tessera::cuda::pinned_buffer<double>(1);
+    TESSERA_CUDA(cudaMemsetAsync(loss_.data(), 0, sizeof(double), tessera::cuda::current_stream()));
+    // The fused epilogues where cuBLASLt has them for these shapes (bf16 only:
+    // fp32 runs the separate kernels to match the host backend exactly).
+    if constexpr (std::is_same_v<C, tessera::bf16>) fused_ = s.layers > 0 && epilogues_supported();
+  }
+
+  [[nodiscard]] bool fused() const noexcept { return fused_; }
+  //! Device bytes this class holds (activations, staging, scratch), for the memory estimate.
+  [[nodiscard]] static std::size_t workspace_bytes(const model_shape& s, std::size_t max_tokens) {
+    const std::size_t D = std::size_t(s.d), H = std::size_t(s.hidden()), L = std::size_t(s.layers), n = max_tokens;
+    return sizeof(C) * ((L + 1) * n * D + 2 * L * n * H + n * vocab + n * D + n * H + H) +
+           sizeof(float) * std::size_t(gpu::column_parts_max) * std::max<std::size_t>(D, vocab) + sizeof(double) +
+           input_bytes_for(s, n);
+  }
+
+  //! One micro-batch on the current stream: forward, loss, backward with
+  //! gradients written into the wrapper (scaled by 1 / global_tokens), each
+  //! unit's reduction started when its gradients are complete. The summed
+  //! loss of these tokens accumulates on the device (see take_loss).
+  void forward_backward(const std::uint8_t* ctx, const std::uint8_t* target, std::size_t n, double global_tokens) {
+    TESSERA_CHECK(n <= n_max_, "micro-batch of ", n, " tokens over the planned ", n_max_);
+    const int N = int(n), d = s_.d, e = s_.e(), hd = s_.hidden(), L = s_.layers;
+    const std::size_t D = std::size_t(d), H = std::size_t(hd);
+    const auto [dctx, dtgt, order, starts] = stage(ctx, target, n);
+    auto X = [&](int l) { return x_.data() + std::size_t(l) * n_max_ * D; };
+    auto Pre = [&](int l) { return pre_.data() + std::size_t(l) * n_max_ * H; };
+    auto Act = [&](int l) { return act_.data() + std::size_t(l) * n_max_ * H; };
+    auto off = [&](tessera::param_id p) { return m_.engine().slot(p).offset; };
+
+    // ---- forward ----
+    {
+      auto sc = m_.gather(ids_.embed);
+      gpu::embed_forward(sc.weight(ids_.table).data(), dctx, N, s_.ctx, e, X(0));
+    }
+    for (int l = 0; l < L; ++l) {
+      const auto& b = ids_.blocks[std::size_t(l)];
+      auto sc = m_.gather(b.unit);
+      const C* w = sc.weights().data();
+      const C *W1 = w + off(b.w1), *B1 = w + off(b.b1), *W2 = w + off(b.w2), *B2 = w + off(b.b2);
+      if (fused_) {  // A = gelu(X W1^T + b1), aux = X W1^T + b1
+        gemm<C>({.trans_b = true, .m = N, .n = hd, .k = d, .a = X(l), .b = W1, .d = Act(l), .ep = epilogue::gelu_aux_bias,
+                 .bias = B1, .aux = Pre(l)});
+      } else {
+        gemm<C>({.trans_b = true, .m = N, .n = hd, .k = d, .a = X(l), .b = W1, .d = Pre(l)});
+        gpu::bias_gelu(Pre(l), B1, N, hd, Act(l));
+      }
+      // X_{l+1} = X_l + A W2^T + b2
+      gemm<C>({.trans_b = true, .m = N, .n = d, .k = hd, .a = Act(l), .b = W2, .d = X(l + 1), .beta = 1,
+               .ep = fused_ ? epilogue::bias : epilogue::none, .bias = B2, .c = X(l)});
+      if (!fused_) gpu::add_bias(X(l + 1), B2, N, d);
+    }
+    // ---- head, loss, and the head's backward ----
+    {
+      auto sc = m_.gather(ids_.head);
+      const C* w = sc.weights().data();
+      const C *Wh = w + off(ids_.hw), *Bh = w + off(ids_.hb);
+      gemm<C>({.trans_b = true, .m = N, .n = vocab, .k = d, .a = X(L), .b = Wh, .d = z_.data(),
+               .ep = fused_ ? epilogue::bias : epilogue::none, .bias = Bh});
+      if (!fused_) gpu::add_bias(z_.data(), Bh, N, vocab);
+      gpu::softmax_xent(z_.data(), dtgt, N, float(1.0 / global_tokens), loss_.data());  // z_ becomes dZ
+      auto [g, fresh] = sc.grads_for_write();
+      const float beta = fresh ? 0.0f : 1.0f;
+      gemm<float>({.trans_a = true, .m = vocab, .n = d, .k = N, .a = z_.data(), .b = X(L), .d = g.data() + off(ids_.hw),
+                   .beta = beta});  // dWh (+)= dZ^T X
+      gpu::column_sums(z_.data(), N, vocab, g.data() + off(ids_.hb), fresh, scratch_.data());
+      gemm<C>({.m = N, .n = d, .k = vocab, .a = z_.data(), .b = Wh, .d = dx_.data()});  // dX = dZ Wh
+      sc.reduce_grads();
+    }
+    // ---- blocks, last first ----
+    for (int l = L - 1; l >= 0; --l) {
+      const auto& b = ids_.blocks[std::size_t(l)];
+      auto sc = m_.gather(b.unit);
+      const C* w = sc.weights().data();
+      const C *W1 = w + off(b.w1), *W2 = w + off(b.w2);
+      auto [g, fresh] = sc.grads_for_write();
+      const float beta = fresh ? 0.0f : 1.0f;
+      C* dX = dx_.data();
+      C* dH = dh_.data();
+      gemm<float>({.trans_a = true, .m = d, .n = hd, .k = N, .a = dX, .b = Act(l), .d = g.data() + off(b.w2),
+                   .beta = beta});  // dW2 (+)= dY^T A
+      gpu::column_sums(dX, N, d, g.data() + off(b.b2), fresh, scratch_.data());
+      if (fused_) {  // dH = (dY W2) * gelu'(pre), db1 = column sums of dH
+        gemm<C>({.m = N, .n = hd, .k = d, .a = dX, .b = W2, .d = dH, .ep = epilogue::dgelu_bgrad,
+                 .bias_grad = bgrad_.data(), .aux = Pre(l)});
+        gpu::accumulate(bgrad_.data(), hd, g.data() + off(b.b1), fresh);
+      } else {
+        gemm<C>({.m = N, .n = hd, .k = d, .a = dX, .b = W2, .d = dH});
+        gpu::dgelu(dH, Pre(l), std::size_t(N) * H);
+        gpu::column_sums(dH, N, hd, g.data() + off(b.b1), fresh, scratch_.data());
+      }
+      gemm<float>({.trans_a = true, .m = hd, .n = d, .k = N, .a = dH, .b = X(l), .d = g.data() + off(b.w1),
+                   .beta = beta});                                                        // dW1 (+)= dH^T X
+      gemm<C>({.m = N, .n = d, .k = hd, .a = dH, .b = W1, .d = dX, .beta = 1});            // dX += dH W1
+      sc.reduce_grads();
+    }
+    {
+      auto sc = m_.gather(ids_.embed);
+      auto [g, fresh] = sc.grads_for_write();
+      gpu::embed_backward(dx_.data(), order, starts, e, g.data() + off(ids_.table), fresh);
+      sc.reduce_grads();
+    }
+  }
+
+  //! Starts copying the loss summed since the last take_loss to the host (call before the optimizer step).
+  void finish_loss() {
+    const cudaStream_t s = tessera::cuda::current_stream();
+    TESSERA_CUDA(cudaMemcpyAsync(loss_host_.data(), loss_.data(), sizeof(double), cudaMemcpyDeviceToHost, s));
+    TESSERA_CUDA(cudaMemsetAsync(loss_.data(), 0, sizeof(double), s));
+    loss_ready_.record(s);
+  }
+  //! The loss finish_loss copied (waits for the copy only).
+  double take_loss() {
+    loss_ready_.synchronize();
+    return *loss_host_.data();
+  }
+
+private:
+  struct staged_inputs {
+    const std::uint8_t* ctx;
+    const std::uint8_t* target;
+    const int* order;
+    const int* starts;
+  };
+  // One device block (and one copy) per micro-batch: context bytes, targets,
+  // the (token, position) rows grouped by byte for the embedding gradient, and
+  // the group starts. Offsets keep the int arrays 4-byte aligned.
+  static std::size_t round4(std::size_t b) { return (b + 3) / 4 * 4; }
+  static std::size_t input_bytes_for(const model_shape& s, std::size_t n) {
+    const std::size_t rows = n * std::size_t(s.ctx);
+    return round4(rows) + round4(n) + rows * sizeof(int) + (vocab + 1) * sizeof(int);
+  }
+  [[nodiscard]] std::size_t input_bytes() const { return input_bytes_for(s_, n_max_); }
+
+  staged_inputs stage(const std::uint8_t* ctx, const std::uint8_t* target, std::size_t n) {
+    const std::size_t rows = n * std::size_t(s_.ctx);
+    const std::size_t o_tgt = round4(n_max_ * std::size_t(s_.ctx)), o_order = o_tgt + round4(n_max_),
+                      o_starts = o_order + n_max_ * std::size_t(s_.ctx) * sizeof(int);
+    // Double-buffered pinned staging: wait until the copy that last used this half is done.
+    const int k = flip_ ^= 1;
+    staged_done_[k].synchronize();
+    std::byte* h = staged_[k].data();
+    std::copy_n(reinterpret_cast<const std::byte*>(ctx), rows, h);
+    std::copy_n(reinterpret_cast<const std::byte*>(target), n, h + o_tgt);
+    // Counting sort of the rows by byte value (stable: rows stay in order within a byte).
+    std::array<int, vocab + 1> start{};
+    for (std::size_t r = 0; r < rows; ++r) start[std::size_t(ctx[r]) + 1]++;
+    for (int v = 0; v < vocab; ++v) start[std::size_t(v) + 1] += start[std::size_t(v)];
+    std::copy(start.begin(), start.end(), reinterpret_cast<int*>(h + o_starts));
+    int* order = reinterpret_cast<int*>(h + o_order);
+    for (std::size_t r = 0; r < rows; ++r) order[start[ctx[r]]++] = int(r);
+    const cudaStream_t s = tessera::cuda::current_stream();
+    TESSERA_CUDA(cudaMemcpyAsync(inputs_.data(), h, input_bytes(), cudaMemcpyHostToDevice, s));
+    staged_done_[k].record(s);
+    const std::byte* dv = inputs_.data();
+    return {reinterpret_cast<const std::uint8_t*>(dv), reinterpret_cast<const std::uint8_t*>(dv + o_tgt),
+            reinterpret_cast<const int*>(dv + o_order), reinterpret_cast<const int*>(dv + o_starts)};
+  }
+
+  // Checks once that cuBLASLt runs both fused epilogues at this model's shapes.
+  bool epilogues_supported() {
+    const int N = int(n_max_), d = s_.d, hd = s_.hidden();
+    C* any = pre_.data();
+    return tessera::cuda::matmul_supported(problem<C>{.trans_b = true, .m = N, .n = hd, .k = d, .a = x_.data(),
+                                                      .b = any, .d = act_.data(), .ep = epilogue::gelu_aux_bias,
+                                                      .bias = bgrad_.data(), .aux = pre_.data()}) &&
+           tessera::cuda::matmul_supported(problem<C>{.m = N, .n = hd, .k = d, .a = dx_.data(), .b = any,
+                                                      .d = dh_.data(), .ep = epilogue::dgelu_bgrad,
+                                                      .bias_grad = bgrad_.data(), .aux = pre_.data()}) &&
+           tessera::cuda::matmul_supported(problem<C>{.trans_b = true, .m = N, .n = d, .k = hd, .a = act_.data(),
+                                                      .b = any, .d = x_.data(), .beta = 1, .ep = epilogue::bias,
+                                                      .bias = bgrad_.data()});
+  }
+
+  template <class TD>
+  static void gemm(problem<TD> p) {
+    p.tf32 = false;  // fp32 runs in strict fp32, to match the host
+    tessera::cuda::matmul(p);
+  }
+
+  Wrapper& m_;
+  const model_ids& ids_;
+  model_shape s_;
+  std::size_t n_max_;
+  bool fused_ = false;
+  dbuf<C> x_, pre_, act_, z_, dx_, dh_, bgrad_;
+  dbuf<float> scratch_;
+  dbuf<double> loss_;
+  dbuf<std::byte> inputs_;
+  std::array<tessera::cuda::pinned_buffer<std::byte>, 2> staged_;
+  std::array<tessera::cuda::event, 2> staged_done_;
+  tessera::cuda::pinned_buffer<double> loss_host_;
+  tessera::cuda::event loss_ready_;
+  int flip_ = 0;
+};
+
+}  // namespace mlp_lm

@@ -1,0 +1,243 @@
+#pragma once
+// The MLP language model's own CUDA kernels: embedding gather and its
+// gradient, softmax cross-entropy, bias and GELU where cuBLASLt's epilogues
+// do not run them, and deterministic column sums for bias gradients.
+//
+// Every reduction here runs in a fixed order (no floating-point atomics on
+// the results), so a run is reproducible bit for bit on the same GPU.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "tessera/backend/cuda/error.hpp"
+#include "tessera/backend/cuda/stream.hpp"
+#include "tessera/core/dtype.hpp"
+
+namespace mlp_lm::gpu {
+
+using tessera::convert;
+constexpr int vocab = 256;
+
+// The tanh form of GELU, as the host trainer and cuBLASLt's epilogue use.
+__device__ __forceinline__ float gelu(float x) {
+  const float k = 0.7978845608028654f;
+  return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+}
+__device__ __forceinline__ float gelu_grad(float x) {
+  const float k = 0.7978845608028654f;
+  const float t = tanhf(k * (x + 0.044715f * x * x * x));
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * k * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
+inline unsigned blocks_for(std::size_t n, unsigned threads) {
+  const std::size_t b = (n + threads - 1) / threads;
+  return unsigned(b < 1 ? 1 : (b > (1u << 30) ? (1u << 30) : b));
+}
+
+// X[j, k e + c] = E[ctx[j, k], c], moved in words of W (16 bytes where rows allow).
+template <class W>
+__global__ void embed_forward_kernel(const W* E, const std::uint8_t* ctx, std::size_t rows, int ew, W* X) {
+  const std::size_t total = rows * std::size_t(ew);
+  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += std::size_t(gridDim.x) * blockDim.x) {
+    const std::size_t r = i / std::size_t(ew);  // row r = token j, position k
+    X[i] = E[std::size_t(ctx[r]) * std::size_t(ew) + i % std::size_t(ew)];
+  }
+}
+
+//! X[n, ctx*e] from the embedding table E[256, e] (compute type C).
+template <class C>
+void embed_forward(const C* E, const std::uint8_t* ctx, int n, int ctxlen, int e, C* X) {
+  const std::size_t rows = std::size_t(n) * std::size_t(ctxlen);
+  if (rows == 0) return;
+  const cudaStream_t s = tessera::cuda::current_stream();
+  if ((std::size_t(e) * sizeof(C)) % 16 == 0) {
+    const int ew = int(std::size_t(e) * sizeof(C) / 16);
+    embed_forward_kernel<<<blocks_for(rows * std::size_t(ew), 256), 256, 0, s>>>(
+        reinterpret_cast<const uint4*>(E), ctx, rows, ew, reinterpret_cast<uint4*>(X));
+  } else {
+    embed_forward_kernel<<<blocks_for(rows * std::size_t(e), 256), 256, 0, s>>>(E, ctx, rows, e, X);
+  }
+  TESSERA_CUDA(cudaGetLastError());
+}
+
+// gE[v, c] (+)= sum over rows r with byte v of dX[r, c]. `order` lists the rows
+// grouped by byte (starts[v] .. starts[v+1]), so each block owns a set of
+// outputs and sums in a fixed order: no atomics, reproducible.
+template <class C>
+__global__ void embed_backward_kernel(const C* dX, const int* order, const int* starts, int e, float* gE, bool overwrite) {
+  const int v = int(blockIdx.y), c = int(blockIdx.x) * 32 + int(threadIdx.x);
+  float s = 0;
+  if (c < e)
+    for (int i = starts[v] + int(threadIdx.y); i < starts[v + 1]; i += 8)
+      s += convert<float>(dX[std::size_t(order[i]) * std::size_t(e) + std::size_t(c)]);
+  __shared__ float part[8][33];
+  part[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < e) {
+    float t = 0;
+#pragma unroll
+    for (int y = 0; y < 8; ++y) t += part[y][threadIdx.x];
+    float& out = gE[std::size_t(v) * std::size_t(e) + std::size_t(c)];
+    out = overwrite ? t : out + t;
+  }
+}
+
+template <class C>
+void embed_backward(const C* dX, const int* order, const int* starts, int e, float* gE, bool overwrite) {
+  const dim3 grid(unsigned((e + 31) / 32), vocab), block(32, 8);
+  embed_backward_kernel<<<grid, block, 0, tessera::cuda::current_stream()>>>(dX, order, starts, e, gE, overwrite);
+  TESSERA_CUDA(cudaGetLastError());
+}
+
+// One warp per token: loss = logsumexp(z) - z[target], and dZ = scale (softmax(z) - onehot(target))
+// written over Z. Each block adds its tokens' loss to *loss in double.
+template <class C>
+__global__ void softmax_xent_kernel(C* Z, const std::uint8_t* target, int n, float scale, double* loss) {
+  const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5;
+  const int j = int(blockIdx.x) * int(blockDim.x / 32) + warp;
+  __shared__ double block_loss[32];
+  double mine = 0;
+  if (j < n) {
+    C* z = Z + std::size_t(j) * vocab;
+    float v[vocab / 32];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < vocab / 32; ++i) {
+      v[i] = convert<float>(z[lane + 32 * i]);
+      mx = fmaxf(mx, v[i]);
+    }
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float sum = 0;
+#pragma unroll
+    for (int i = 0; i < vocab / 32; ++i) sum += __expf(v[i] - mx);
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    const int t = target[j];
+    const float zt = __shfl_sync(0xffffffffu, v[t / 32], t % 32);
+    mine = lane == 0 ? double(logf(sum) + mx - zt) : 0.0;
+    const float inv = 1.0f / sum;
+#pragma unroll
+    for (int i = 0; i < vocab / 32; ++i) {
+      const int c = lane + 32 * i;
+      z[c] = convert<C>((__expf(v[i] - mx) * inv - (c == t ? 1.0f : 0.0f)) * scale);
+    }
+  }
+  if (lane == 0) block_loss[warp] = mine;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double s = 0;
+    for (int w = 0; w < int(blockDim.x / 32); ++w) s += block_loss[w];
+    if (s != 0) atomicAdd(loss, s);  // only the logged loss; gradients do not depend on it
+  }
+}
+
+template <class C>
+void softmax_xent(C* Z, const std::uint8_t* target, int n, float scale, double* loss) {
+  if (n == 0) return;
+  softmax_xent_kernel<<<blocks_for(std::size_t(n), 8), 256, 0, tessera::cuda::current_stream()>>>(Z, target, n, scale, loss);
+  TESSERA_CUDA(cudaGetLastError());
+}
+
+// Column sums in two fixed-order passes: partial[p, c] over a slice of rows, then out[c] (+)= sum_p.
+template <class C>
+__global__ void column_partial_kernel(const C* Y, int n, int cols, int rows_per_part, float* partial) {
+  const int c = int(blockIdx.x) * 32 + int(threadIdx.x);
+  const int r0 = int(blockIdx.y) * rows_per_part, r1 = min(n, r0 + rows_per_part);
+  float s = 0;
+  if (c < cols)
+    for (int r = r0 + int(threadIdx.y); r < r1; r += 8) s += convert<float>(Y[std::size_t(r) * std::size_t(cols) + std::size_t(c)]);
+  __shared__ float part[8][33];
+  part[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+    float t = 0;
+#pragma unroll
+    for (int y = 0; y < 8; ++y) t += part[y][threadIdx.x];
+    partial[std::size_t(blockIdx.y) * std::size_t(cols) + std::size_t(c)] = t;
+  }
+}
+template <class T>
+__global__ void column_finish_kernel(const T* partial, int parts, int cols, float* out, bool overwrite) {
+  const int c = int(blockIdx.x * blockDim.x + threadIdx.x);
+  if (c >= cols) return;
+  float t = 0;
+  for (int p = 0; p < parts; ++p) t += convert<float>(partial[std::size_t(p) * std::size_t(cols) + std::size_t(c)]);
+  out[c] = overwrite ? t : out[c] + t;
+}
+
+//! Most row slices column_sums uses (its scratch holds this many rows of cols floats).
+constexpr int column_parts_max = 64;
+
+//! out[c] (+)= sum_r Y[r, c] for Y[n, cols]; scratch holds column_parts_max * cols floats.
+template <class C>
+void column_sums(const C* Y, int n, int cols, float* out, bool overwrite, float* scratch) {
+  const cudaStream_t s = tessera::cuda::current_stream();
+  const int chunks = (cols + 31) / 32;
+  // Enough slices to fill the GPU about twice, each of at least 64 rows.
+  int parts = std::max(1, std::min({column_parts_max, (n + 63) / 64, std::max(1, 264 / chunks)}));
+  const int rows = (n + parts - 1) / std::max(parts, 1);
+  parts = n == 0 ? 0 : (n + rows - 1) / rows;
+  if (parts > 0) {
+    column_partial_kernel<<<dim3(unsigned(chunks), unsigned(parts)), dim3(32, 8), 0, s>>>(Y, n, cols, rows, scratch);
+    TESSERA_CUDA(cudaGetLastError());
+  }
+  column_finish_kernel<<<blocks_for(std::size_t(cols), 256), 256, 0, s>>>(scratch, parts, cols, out, overwrite);
+  TESSERA_CUDA(cudaGetLastError());
+}
+
+//! out[c] (+)= v[c]: a bias gradient cuBLASLt wrote in the compute type, into fp32 gradients.
+template <class C>
+void accumulate(const C* v, int cols, float* out, bool overwrite) {
+  column_finish_kernel<<<blocks_for(std::size_t(cols), 256), 256, 0, tessera::cuda::current_stream()>>>(v, 1, cols, out,
+                                                                                                         overwrite);
+  TESSERA_CUDA(cudaGetLastError());
+}
+
+// ---- what the epilogues do, for when they cannot run (fp32, odd widths) ----
+template <class C>
+__global__ void bias_gelu_kernel(C* H, const C* b, std::size_t n, int cols, C* A) {
+  const std::size_t total = n * std::size_t(cols);
+  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += std::size_t(gridDim.x) * blockDim.x) {
+    const float h = convert<float>(H[i]) + convert<float>(b[i % std::size_t(cols)]);
+    H[i] = convert<C>(h);
+    A[i] = convert<C>(gelu(h));
+  }
+}
+//! H[n, cols] += b (kept as the GELU input); A = gelu(H).
+template <class C>
+void bias_gelu(C* H, const C* b, int n, int cols, C* A) {
+  const std::size_t total = std::size_t(n) * std::size_t(cols);
+  if (total == 0) return;
+  bias_gelu_kernel<<<blocks_for(total, 256), 256, 0, tessera::cuda::current_stream()>>>(H, b, std::size_t(n), cols, A);
+  TESSERA_CUDA(cudaGetLastError());
+}
+
+template <class C>
+__global__ void add_bias_kernel(C* Y, const C* b, std::size_t n, int cols) {
+  const std::size_t total = n * std::size_t(cols);
+  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += std::size_t(gridDim.x) * blockDim.x)
+    Y[i] = convert<C>(convert<float>(Y[i]) + convert<float>(b[i % std::size_t(cols)]));
+}
+//! Y[n, cols] += b.
+template <class C>
+void add_bias(C* Y, const C* b, int n, int cols) {
+  const std::size_t total = std::size_t(n) * std::size_t(cols);
+  if (total == 0) return;
+  add_bias_kernel<<<blocks_for(total, 256), 256, 0, tessera::cuda::current_stream()>>>(Y, b, std::size_t(n), cols);
+  TESSERA_CUDA(cudaGetLastError());
+}
+
+template <class C>
+__global__ void dgelu_kernel(C* dA, const C* H, std::size_t total) {
+  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += std::size_t(gridDim.x) * blockDim.x)
+    dA[i] = convert<C>(convert<float>(dA[i]) * gelu_grad(convert<float>(H[i])));
+}
+//! dA *= gelu'(H), elementwise over total elements.
+template <class C>
+void dgelu(C* dA, const C* H, std::size_t total) {
+  if (total == 0) return;
+  dgelu_kernel<<<blocks_for(total, 256), 256, 0, tessera::cuda::current_stream()>>>(dA, H, total);
+  TESSERA_CUDA(cudaGetLastError());
+}
+
+}  // namespace mlp_lm::gpu

@@ -1,0 +1,57 @@
+#pragma once
+// The CUDA side of tessera-mlp-lm's main: one GPU per rank (local rank modulo
+// the GPUs present), a non-blocking compute stream, and the communicator:
+// NCCL when every rank has its own GPU, else MPI staged through host memory
+// (NCCL refuses two ranks on one GPU).
+#include <mpi.h>
+
+#include <cstdio>
+
+#include "cuda_compute.cuh"
+#include "trainer.hpp"
+
+namespace mlp_lm {
+
+struct cuda_usage final : device_usage {
+  std::size_t baseline = 0;
+  static std::size_t in_use() {
+    std::size_t free_b = 0, total_b = 0;
+    TESSERA_CUDA(cudaMemGetInfo(&free_b, &total_b));
+    return total_b - free_b;
+  }
+  [[nodiscard]] std::size_t used() const override { return in_use() - baseline; }
+};
+
+inline int run_cuda(const options& o, tessera::comm::mpi& world) {
+  using namespace tessera;
+  MPI_Comm node;
+  TESSERA_MPI(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world.rank(), MPI_INFO_NULL, &node));
+  int local = 0, local_size = 1, gpus = 0;
+  MPI_Comm_rank(node, &local);
+  MPI_Comm_size(node, &local_size);
+  MPI_Comm_free(&node);
+  TESSERA_CHECK(cudaGetDeviceCount(&gpus) == cudaSuccess && gpus > 0,
+                "--backend cuda: no CUDA device is visible to this process");
+  TESSERA_CUDA(cudaSetDevice(local % gpus));
+  tessera::cuda::stream compute;
+  tessera::cuda::set_current_stream(compute.get());
+  const bool own_gpu = local_size <= gpus;
+  const std::string which = o.comm == "auto" ? (own_gpu ? "nccl" : "mpi") : o.comm;
+  TESSERA_CHECK(which != "nccl" || own_gpu, "--comm nccl with ", local_size, " ranks on ", gpus,
+                " GPUs: NCCL needs a GPU per rank; use --comm mpi (staged through host memory)");
+  if (world.rank() == 0 && !o.json)
+    std::printf("tessera-mlp-lm: %d rank%s on %d GPU%s, communicator %s\n", world.size(), world.size() == 1 ? "" : "s",
+                std::min(gpus, local_size), gpus == 1 ? "" : "s",
+                which == "nccl" ? "NCCL" : "MPI staged through pinned host memory");
+  cuda_usage usage;
+  if (which == "nccl") {
+    comm::nccl c(world);
+    usage.baseline = cuda_usage::in_use();
+    return dispatch<backend::cuda, cuda_mlp>(o, world, c, usage, tessera::cuda::matmul_workspace_bytes());
+  }
+  comm::mpi_device c;
+  usage.baseline = cuda_usage::in_use();
+  return dispatch<backend::cuda, cuda_mlp>(o, world, c, usage, tessera::cuda::matmul_workspace_bytes());
+}
+
+}  // namespace mlp_lm

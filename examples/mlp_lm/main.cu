@@ -1,0 +1,2 @@
+// nvcc builds the trainer with both backends from the same source.
+#include "main.cpp"

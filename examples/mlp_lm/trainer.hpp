@@ -1,0 +1,187 @@
+#pragma once
+// The training loop of tessera-mlp-lm, the same on both backends: Net is
+// host_mlp (CBLAS) or cuda_mlp (cuBLASLt), Comm is whatever the wrapper
+// communicates over; `world` (MPI on the host) carries the logged loss.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "data.hpp"
+#include "model.hpp"
+#include "options.hpp"
+#include "tessera/tessera.hpp"
+
+namespace mlp_lm {
+
+//! Bytes the device holds beyond what was there at `baseline` (the CUDA
+//! context, NCCL, cuBLAS); for the host backend, the library's own count.
+struct device_usage {
+  virtual ~device_usage() = default;
+  [[nodiscard]] virtual std::size_t used() const = 0;
+};
+
+//! The library's estimate of what a rank holds: model state and optimizer
+//! state from the wrapper's plan, plus the trainer's activations and scratch.
+struct memory_estimate {
+  std::size_t model_state = 0, optimizer_state = 0, activations = 0, blas_workspace = 0;
+  [[nodiscard]] std::size_t total() const { return model_state + optimizer_state + activations + blas_workspace; }
+};
+
+template <class Cfg, class Net, class Comm>
+int train(const options& o, tessera::comm::mpi& world, Comm& comm, const device_usage& usage,
+          std::size_t blas_workspace = 0) {
+  using namespace tessera;
+  using Wrapper = data_parallel_t<Cfg>;
+  using B = typename Cfg::backend_type;
+  const int N = world.size(), r = world.rank();
+  const model_shape shape{o.layers, o.d, o.ctx};
+  const corpus data(o.data, o.seed, o.ctx);
+
+  memory_of<B>().reset_peak();
+  Wrapper model(comm);
+  const model_ids ids = register_model(model, shape);
+  model.finalize();
+  init_model(model, ids, shape, o.seed);
+  ShardedOptimizer opt(model, adamw{.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = o.weight_decay},
+                       optimizer_options{.clip_norm = o.clip});
+  if (o.warmup > 0)
+    opt.set_schedule([w = o.warmup](long step, double lr) { return lr * std::min(1.0, double(step) / w); });
+
+  // The global micro-batch is split into contiguous, possibly uneven slices.
+  const long per_mb = o.tokens / o.accum;
+  const long lo = per_mb * r / N, hi = per_mb * (r + 1) / N;
+  const std::size_t n = std::size_t(hi - lo), n_alloc = std::max<std::size_t>(n, 1);
+  Net net(model, ids, shape, n_alloc);
+  const memory_estimate est{model.planned().total(), opt.state_bytes(), Net::workspace_bytes(shape, n_alloc),
+                            blas_workspace};
+
+  // The host samples micro-batch i + 1 while the device runs micro-batch i.
+  struct batch {
+    std::vector<std::uint8_t> ctx, tgt;
+  };
+  batch cur{std::vector<std::uint8_t>(n_alloc * std::size_t(o.ctx)), std::vector<std::uint8_t>(n_alloc)}, next = cur;
+  auto sample = [&](batch& b, long step, int mb) {
+    for (std::size_t j = 0; j < n; ++j)
+      b.tgt[j] = data.sample(o.seed, step, mb, lo + long(j), &b.ctx[j * std::size_t(o.ctx)]);
+  };
+
+  const bool talk = r == 0;
+  const std::string prec = o.precision;
+  if (talk && !o.json)
+    std::printf("tessera-mlp-lm: backend %s%s, %s / %s / %s, %d rank%s, %zu parameters, %ld tokens per step, "
+                "estimated memory %.2f MiB per rank (model state %.2f, optimizer %.2f, activations %.2f)\n",
+                Net::backend_name, net.fused() ? " (fused cuBLASLt epilogues)" : "",
+                std::string(Cfg::wrapper::name).c_str(), std::string(Cfg::strategy::name).c_str(), prec.c_str(), N,
+                N == 1 ? "" : "s", shape.params(), o.tokens, double(est.total()) / (1 << 20),
+                double(est.model_state) / (1 << 20), double(est.optimizer_state) / (1 << 20),
+                double(est.activations + est.blas_workspace) / (1 << 20));
+  double final_loss = 0, total_s = 0;
+  long timed_steps = 0;
+  if (o.steps > 0) sample(cur, 0, 0);
+  for (long step = 0; step < o.steps; ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int mb = 0; mb < o.accum; ++mb) {
+      model.begin_micro_batch(mb, o.accum);
+      net.forward_backward(cur.ctx.data(), cur.tgt.data(), n, double(o.tokens));
+      const bool last = mb + 1 == o.accum;
+      if (!last || step + 1 < o.steps) sample(next, last ? step + 1 : step, last ? 0 : mb + 1);
+      std::swap(cur, next);
+    }
+    net.finish_loss();
+    const step_result res = opt.step();
+    double loss = net.take_loss();
+    comm::all_reduce(world, std::span<double>(&loss, 1), comm::reduce_op::sum);
+    loss /= double(o.tokens);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (step > 0 || o.steps == 1) {  // the first step pays for set-up (cuBLASLt's search, first touches)
+      total_s += s;
+      ++timed_steps;
+    }
+    final_loss = loss;
+    if (talk && (step % o.log_every == 0 || step == o.steps - 1)) {
+      const double tps = double(o.tokens) / s;
+      if (o.json) {
+        nlohmann::json j{{"step", step},         {"loss", loss},        {"grad_norm", res.grad_norm},
+                         {"ms", s * 1e3},         {"tokens_per_s", tps}, {"lr", res.lr},
+                         {"skipped", res.skipped}, {"tflops", shape.flops_per_token() * tps / 1e12},
+                         {"bytes_in_use", memory_of<B>().current()}};
+        std::printf("%s\n", j.dump().c_str());
+      } else {
+        std::printf("step %5ld  loss %.4f  grad_norm %.3f  %8.2f ms  %10.0f tokens/s  %7.2f TFLOP/s  %8.1f MiB%s\n",
+                    step, loss, res.grad_norm, s * 1e3, tps, shape.flops_per_token() * tps / 1e12,
+                    double(memory_of<B>().current()) / (1 << 20), res.skipped ? "  (skipped)" : "");
+      }
+      std::fflush(stdout);
+    }
+  }
+  // Peaks over all ranks: the busiest rank is what a machine must hold.
+  std::int64_t peak[2] = {std::int64_t(memory_of<B>().peak()), std::int64_t(usage.used())};
+  comm::all_reduce(world, std::span<std::int64_t>(peak, 2), comm::reduce_op::max);
+  if (talk) {
+    const double tps = total_s > 0 ? double(o.tokens) * double(timed_steps) / total_s : 0.0;
+    nlohmann::json j{{"summary", true},
+                     {"final_loss", final_loss},
+                     {"params", shape.params()},
+                     {"world", N},
+                     {"strategy", Cfg::strategy::name},
+                     {"wrapper", Cfg::wrapper::name},
+                     {"precision", o.precision},
+                     {"backend", Net::backend_name},
+                     {"fused_epilogues", net.fused()},
+                     {"steps", o.steps},
+                     {"skipped_steps", opt.skipped_steps()},
+                     {"tokens_per_s", tps},
+                     {"tflops", shape.flops_per_token() * tps / 1e12},
+                     {"peak_bytes", peak[0]},
+                     {"device_used_bytes", peak[1]},
+                     {"estimated_bytes", est.total()},
+                     {"planned_model_state_bytes", est.model_state + est.optimizer_state}};
+    if (o.json) std::printf("%s\n", j.dump().c_str());
+    else
+      std::printf("done: final loss %.4f, %.0f tokens/s (%.2f TFLOP/s, steps after the first), peak %.2f MiB per rank "
+                  "(library buffers; estimate %.2f MiB; device in use %.2f MiB)\n",
+                  final_loss, tps, shape.flops_per_token() * tps / 1e12, double(peak[0]) / (1 << 20),
+                  double(est.total()) / (1 << 20), double(peak[1]) / (1 << 20));
+  }
+  return 0;
+}
+
+//! Runs train<Cfg> for the strategy and wrapper named in o; Net<Wrapper> computes.
+template <class P, class B, template <class> class Net, class Comm>
+int dispatch_strategy(const options& o, tessera::comm::mpi& world, Comm& comm, const device_usage& usage,
+                      std::size_t blas_workspace = 0) {
+  using namespace tessera;
+  auto run = [&]<class S, class W>() {
+    using Cfg = config<S, W, P, sum, B>;
+    return train<Cfg, Net<data_parallel_t<Cfg>>>(o, world, comm, usage, blas_workspace);
+  };
+  if (o.wrapper == "ddp") {
+    if (o.strategy == "no_shard") return run.template operator()<no_shard, ddp>();
+    if (o.strategy == "optim") return run.template operator()<optim, ddp>();
+    if (o.strategy == "optim_grads") return run.template operator()<optim_grads, ddp>();
+  } else {
+    if (o.strategy == "no_shard") return run.template operator()<no_shard, fsdp>();
+    if (o.strategy == "optim") return run.template operator()<optim, fsdp>();
+    if (o.strategy == "optim_grads") return run.template operator()<optim_grads, fsdp>();
+    if (o.strategy == "optim_grads_params") return run.template operator()<optim_grads_params, fsdp>();
+  }
+  std::fprintf(stderr, "tessera: no compiled instantiation for --wrapper %s --strategy %s\n", o.wrapper.c_str(),
+               o.strategy.c_str());
+  return 2;
+}
+
+//! Both precisions.
+template <class B, template <class> class Net, class Comm>
+int dispatch(const options& o, tessera::comm::mpi& world, Comm& comm, const device_usage& usage,
+             std::size_t blas_workspace = 0) {
+  using namespace tessera;
+  return o.precision == "bf16"
+             ? dispatch_strategy<mixed_precision<bf16, float>, B, Net>(o, world, comm, usage, blas_workspace)
+             : dispatch_strategy<full_precision<float>, B, Net>(o, world, comm, usage, blas_workspace);
+}
+
+}  // namespace mlp_lm
