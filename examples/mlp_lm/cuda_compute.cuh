@@ -4,18 +4,22 @@
 // bf16 (mixed precision): every product is a cuBLASLt GEMM on bf16 operands
 // with fp32 accumulation; the first layer of a block fuses bias + GELU and
 // keeps the GELU input (aux) for backward, the backward product through W2
-// fuses GELU-gradient + bias-gradient. Weight gradients are written straight
-// into the wrapper's fp32 gradient buffers (fp32 GEMM output, beta = 0 on the
-// first micro-batch of a step, so gradients are never zeroed). Activations,
-// the residual stream and its gradient are bf16, as under PyTorch autocast
-// except that the residual stream there is fp32.
+// fuses the GELU gradient, and each weight-gradient product dW = dY^T X also
+// yields the bias gradient (sum over tokens of dY) in fp32. Weight gradients
+// are written straight into the wrapper's fp32 gradient buffers (fp32 GEMM
+// output, beta = 0 on the first micro-batch of a step, so gradients are never
+// zeroed). The embedding gradient is a GEMM too: one-hot rows^T x dX.
+// Activations, the residual stream and its gradient are bf16, as under
+// PyTorch autocast except that the residual stream there is fp32.
 //
 // fp32: the same products in strict fp32 (no TF32) and the epilogues as
-// separate kernels, so that the GPU matches the host backend.
+// separate kernels, so that the GPU matches the host backend. Where cuBLASLt
+// lacks a fused form for a shape, the separate kernels run instead.
 #include <algorithm>
 #include <array>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "cuda_kernels.cuh"
@@ -51,6 +55,7 @@ public:
     bgrad_ = dbuf<C>(H);
     scratch_ = dbuf<float>(std::size_t(gpu::column_parts_max) * std::max<std::size_t>(D, vocab));
     loss_ = dbuf<double>(1);
+    one_hot_ = dbuf<C>(n_max_ * std::size_t(s.ctx) * vocab);
     inputs_ = dbuf<std::byte>(input_bytes());
     for (auto& p : staged_) p = tessera::cuda::pinned_buffer<std::byte>(input_bytes());
     loss_host_ = tessera::cuda::pinned_buffer<double>(1);
@@ -58,13 +63,22 @@ public:
     // The fused epilogues where cuBLASLt has them for these shapes (bf16 only:
     // fp32 runs the separate kernels to match the host backend exactly).
     if constexpr (std::is_same_v<C, tessera::bf16>) fused_ = s.layers > 0 && epilogues_supported();
+    bgrad_fused_ = std::is_same_v<C, tessera::bf16> && bias_grad_epilogue_supported();
+    one_hot_gemm_ = one_hot_supported();
   }
 
   [[nodiscard]] bool fused() const noexcept { return fused_; }
+  //! What runs fused, in words (for the banner).
+  [[nodiscard]] std::string fusion() const {
+    std::string f = fused_ ? "bias+GELU and GELU-gradient epilogues" : "separate bias and GELU kernels";
+    f += bgrad_fused_ ? ", bias gradients in the weight-gradient GEMMs" : ", bias gradients by column sums";
+    f += one_hot_gemm_ ? ", embedding gradient as a one-hot GEMM" : ", embedding gradient by grouped sums";
+    return f;
+  }
   //! Device bytes this class holds (activations, staging, scratch), for the memory estimate.
   [[nodiscard]] static std::size_t workspace_bytes(const model_shape& s, std::size_t max_tokens) {
     const std::size_t D = std::size_t(s.d), H = std::size_t(s.hidden()), L = std::size_t(s.layers), n = max_tokens;
-    return sizeof(C) * ((L + 1) * n * D + 2 * L * n * H + n * vocab + n * D + n * H + H) +
+    return sizeof(C) * ((L + 1) * n * D + 2 * L * n * H + n * vocab + n * D + n * H + H + n * std::size_t(s.ctx) * vocab) +
            sizeof(float) * std::size_t(gpu::column_parts_max) * std::max<std::size_t>(D, vocab) + sizeof(double) +
            input_bytes_for(s, n);
   }
@@ -115,10 +129,8 @@ public:
       if (!fused_) gpu::add_bias(z_.data(), Bh, N, vocab);
       gpu::softmax_xent(z_.data(), dtgt, N, float(1.0 / global_tokens), loss_.data());  // z_ becomes dZ
       auto [g, fresh] = sc.grads_for_write();
-      const float beta = fresh ? 0.0f : 1.0f;
-      gemm<float>({.trans_a = true, .m = vocab, .n = d, .k = N, .a = z_.data(), .b = X(L), .d = g.data() + off(ids_.hw),
-                   .beta = beta});  // dWh (+)= dZ^T X
-      gpu::column_sums(z_.data(), N, vocab, g.data() + off(ids_.hb), fresh, scratch_.data());
+      // dWh (+)= dZ^T X, dbh (+)= sum over tokens of dZ
+      weight_grad(z_.data(), X(L), vocab, d, N, g.data() + off(ids_.hw), g.data() + off(ids_.hb), fresh);
       gemm<C>({.m = N, .n = d, .k = vocab, .a = z_.data(), .b = Wh, .d = dx_.data()});  // dX = dZ Wh
       sc.reduce_grads();
     }
@@ -129,30 +141,31 @@ public:
       const C* w = sc.weights().data();
       const C *W1 = w + off(b.w1), *W2 = w + off(b.w2);
       auto [g, fresh] = sc.grads_for_write();
-      const float beta = fresh ? 0.0f : 1.0f;
       C* dX = dx_.data();
       C* dH = dh_.data();
-      gemm<float>({.trans_a = true, .m = d, .n = hd, .k = N, .a = dX, .b = Act(l), .d = g.data() + off(b.w2),
-                   .beta = beta});  // dW2 (+)= dY^T A
-      gpu::column_sums(dX, N, d, g.data() + off(b.b2), fresh, scratch_.data());
-      if (fused_) {  // dH = (dY W2) * gelu'(pre), db1 = column sums of dH
-        gemm<C>({.m = N, .n = hd, .k = d, .a = dX, .b = W2, .d = dH, .ep = epilogue::dgelu_bgrad,
-                 .bias_grad = bgrad_.data(), .aux = Pre(l)});
-        gpu::accumulate(bgrad_.data(), hd, g.data() + off(b.b1), fresh);
+      // dW2 (+)= dY^T A, db2 (+)= sum over tokens of dY
+      weight_grad(dX, Act(l), d, hd, N, g.data() + off(b.w2), g.data() + off(b.b2), fresh);
+      if (fused_) {  // dH = (dY W2) * gelu'(pre)
+        gemm<C>({.m = N, .n = hd, .k = d, .a = dX, .b = W2, .d = dH, .ep = epilogue::dgelu, .aux = Pre(l)});
       } else {
         gemm<C>({.m = N, .n = hd, .k = d, .a = dX, .b = W2, .d = dH});
         gpu::dgelu(dH, Pre(l), std::size_t(N) * H);
-        gpu::column_sums(dH, N, hd, g.data() + off(b.b1), fresh, scratch_.data());
       }
-      gemm<float>({.trans_a = true, .m = hd, .n = d, .k = N, .a = dH, .b = X(l), .d = g.data() + off(b.w1),
-                   .beta = beta});                                                        // dW1 (+)= dH^T X
+      // dW1 (+)= dH^T X, db1 (+)= sum over tokens of dH
+      weight_grad(dH, X(l), hd, d, N, g.data() + off(b.w1), g.data() + off(b.b1), fresh);
       gemm<C>({.m = N, .n = d, .k = hd, .a = dH, .b = W1, .d = dX, .beta = 1});            // dX += dH W1
       sc.reduce_grads();
     }
     {
       auto sc = m_.gather(ids_.embed);
       auto [g, fresh] = sc.grads_for_write();
-      gpu::embed_backward(dx_.data(), order, starts, e, g.data() + off(ids_.table), fresh);
+      if (one_hot_gemm_) {  // gE (+)= onehot(bytes)^T dX, with dX as [n ctx, e]
+        gpu::one_hot(dctx, std::size_t(N) * std::size_t(s_.ctx), one_hot_.data());
+        gemm<float>({.trans_a = true, .m = vocab, .n = e, .k = N * s_.ctx, .a = one_hot_.data(), .b = dx_.data(),
+                     .d = g.data() + off(ids_.table), .beta = fresh ? 0.0f : 1.0f});
+      } else {
+        gpu::embed_backward(dx_.data(), order, starts, e, g.data() + off(ids_.table), fresh);
+      }
       sc.reduce_grads();
     }
   }
@@ -212,6 +225,38 @@ private:
             reinterpret_cast<const int*>(dv + o_order), reinterpret_cast<const int*>(dv + o_starts)};
   }
 
+  // dW[m, n] (+)= dY^T X over k tokens, and db[m] (+)= sum over tokens of dY:
+  // one GEMM where cuBLASLt folds the bias gradient in, else GEMM + column sums.
+  void weight_grad(const C* dY, const C* X, int m, int n, int k, float* dW, float* db, bool fresh) {
+    const float beta = fresh ? 0.0f : 1.0f;
+    if (bgrad_fused_ && k > 0) {
+      // The epilogue writes the bias gradient; accumulate through scratch when not fresh.
+      float* out = fresh ? db : scratch_.data();
+      gemm<float>({.trans_a = true, .m = m, .n = n, .k = k, .a = dY, .b = X, .d = dW, .beta = beta,
+                   .ep = epilogue::bgrad_a, .bias_grad = out});
+      if (!fresh) gpu::accumulate(scratch_.data(), m, db, false);
+    } else {
+      gemm<float>({.trans_a = true, .m = m, .n = n, .k = k, .a = dY, .b = X, .d = dW, .beta = beta});
+      gpu::column_sums(dY, k, m, db, fresh, scratch_.data());
+    }
+  }
+
+  bool bias_grad_epilogue_supported() {
+    const int N = int(n_max_), d = s_.d, hd = s_.hidden();
+    float* any = scratch_.data();
+    auto ok = [&](int m, int n) {
+      return tessera::cuda::matmul_supported(tessera::cuda::matmul_problem<C, float>{
+          .trans_a = true, .m = m, .n = n, .k = N, .a = dh_.data(), .b = x_.data(), .d = any, .ep = epilogue::bgrad_a,
+          .bias_grad = any});
+    };
+    return ok(d, hd) && ok(hd, d) && ok(vocab, d);
+  }
+  bool one_hot_supported() {
+    return tessera::cuda::matmul_supported(tessera::cuda::matmul_problem<C, float>{
+        .trans_a = true, .m = vocab, .n = s_.e(), .k = int(n_max_) * s_.ctx, .a = one_hot_.data(), .b = dx_.data(),
+        .d = scratch_.data()});
+  }
+
   // Checks once that cuBLASLt runs both fused epilogues at this model's shapes.
   bool epilogues_supported() {
     const int N = int(n_max_), d = s_.d, hd = s_.hidden();
@@ -220,8 +265,7 @@ private:
                                                       .b = any, .d = act_.data(), .ep = epilogue::gelu_aux_bias,
                                                       .bias = bgrad_.data(), .aux = pre_.data()}) &&
            tessera::cuda::matmul_supported(problem<C>{.m = N, .n = hd, .k = d, .a = dx_.data(), .b = any,
-                                                      .d = dh_.data(), .ep = epilogue::dgelu_bgrad,
-                                                      .bias_grad = bgrad_.data(), .aux = pre_.data()}) &&
+                                                      .d = dh_.data(), .ep = epilogue::dgelu, .aux = pre_.data()}) &&
            tessera::cuda::matmul_supported(problem<C>{.trans_b = true, .m = N, .n = d, .k = hd, .a = act_.data(),
                                                       .b = any, .d = x_.data(), .beta = 1, .ep = epilogue::bias,
                                                       .bias = bgrad_.data()});
@@ -237,8 +281,8 @@ private:
   const model_ids& ids_;
   model_shape s_;
   std::size_t n_max_;
-  bool fused_ = false;
-  dbuf<C> x_, pre_, act_, z_, dx_, dh_, bgrad_;
+  bool fused_ = false, bgrad_fused_ = false, one_hot_gemm_ = false;
+  dbuf<C> x_, pre_, act_, z_, dx_, dh_, bgrad_, one_hot_;
   dbuf<float> scratch_;
   dbuf<double> loss_;
   dbuf<std::byte> inputs_;

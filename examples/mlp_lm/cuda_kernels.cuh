@@ -61,6 +61,22 @@ void embed_forward(const C* E, const std::uint8_t* ctx, int n, int ctxlen, int e
   TESSERA_CUDA(cudaGetLastError());
 }
 
+// S[r, v] = (bytes[r] == v): the one-hot rows whose product S^T dX is the
+// embedding gradient (a GEMM: fast, exact products, a fixed summation order).
+template <class C>
+__global__ void one_hot_kernel(const std::uint8_t* bytes, std::size_t rows, C* S) {
+  const std::size_t total = rows * vocab;
+  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += std::size_t(gridDim.x) * blockDim.x)
+    S[i] = convert<C>(bytes[i / vocab] == std::uint8_t(i % vocab) ? 1.0f : 0.0f);
+}
+template <class C>
+void one_hot(const std::uint8_t* bytes, std::size_t rows, C* S) {
+  if (rows == 0) return;
+  one_hot_kernel<<<blocks_for(rows * vocab, 256), 256, 0, tessera::cuda::current_stream()>>>(bytes, rows, S);
+  TESSERA_CUDA(cudaGetLastError());
+}
+
+// The embedding gradient without a GEMM (when cuBLASLt has none for the row width):
 // gE[v, c] (+)= sum over rows r with byte v of dX[r, c]. `order` lists the rows
 // grouped by byte (starts[v] .. starts[v+1]), so each block owns a set of
 // outputs and sums in a fixed order: no atomics, reproducible.
@@ -143,9 +159,19 @@ template <class C>
 __global__ void column_partial_kernel(const C* Y, int n, int cols, int rows_per_part, float* partial) {
   const int c = int(blockIdx.x) * 32 + int(threadIdx.x);
   const int r0 = int(blockIdx.y) * rows_per_part, r1 = min(n, r0 + rows_per_part);
-  float s = 0;
-  if (c < cols)
-    for (int r = r0 + int(threadIdx.y); r < r1; r += 8) s += convert<float>(Y[std::size_t(r) * std::size_t(cols) + std::size_t(c)]);
+  float s = 0, s1 = 0, s2 = 0, s3 = 0;  // four loads in flight
+  if (c < cols) {
+    int r = r0 + int(threadIdx.y);
+    const std::size_t w = std::size_t(cols);
+    for (; r + 24 < r1; r += 32) {
+      s += convert<float>(Y[std::size_t(r) * w + std::size_t(c)]);
+      s1 += convert<float>(Y[std::size_t(r + 8) * w + std::size_t(c)]);
+      s2 += convert<float>(Y[std::size_t(r + 16) * w + std::size_t(c)]);
+      s3 += convert<float>(Y[std::size_t(r + 24) * w + std::size_t(c)]);
+    }
+    for (; r < r1; r += 8) s += convert<float>(Y[std::size_t(r) * w + std::size_t(c)]);
+    s = (s + s1) + (s2 + s3);
+  }
   __shared__ float part[8][33];
   part[threadIdx.y][threadIdx.x] = s;
   __syncthreads();
@@ -173,8 +199,8 @@ template <class C>
 void column_sums(const C* Y, int n, int cols, float* out, bool overwrite, float* scratch) {
   const cudaStream_t s = tessera::cuda::current_stream();
   const int chunks = (cols + 31) / 32;
-  // Enough slices to fill the GPU about twice, each of at least 64 rows.
-  int parts = std::max(1, std::min({column_parts_max, (n + 63) / 64, std::max(1, 264 / chunks)}));
+  // Enough slices for about 2048 blocks (all SMs busy with loads in flight), each of at least 64 rows.
+  int parts = std::max(1, std::min({column_parts_max, (n + 63) / 64, std::max(1, 2048 / chunks)}));
   const int rows = (n + parts - 1) / std::max(parts, 1);
   parts = n == 0 ? 0 : (n + rows - 1) / rows;
   if (parts > 0) {

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -49,6 +50,7 @@ public:
   }
 
   [[nodiscard]] static constexpr bool fused() noexcept { return false; }
+  [[nodiscard]] static std::string fusion() { return {}; }
   //! Host bytes this class holds (activations and scratch), for the memory estimate.
   [[nodiscard]] static std::size_t workspace_bytes(const model_shape& s, std::size_t n) {
     const std::size_t D = std::size_t(s.d), H = std::size_t(s.hidden()), L = std::size_t(s.layers);

@@ -72,9 +72,9 @@ int train(const options& o, tessera::comm::mpi& world, Comm& comm, const device_
   const bool talk = r == 0;
   const std::string prec = o.precision;
   if (talk && !o.json)
-    std::printf("tessera-mlp-lm: backend %s%s, %s / %s / %s, %d rank%s, %zu parameters, %ld tokens per step, "
+    std::printf("tessera-mlp-lm: backend %s%s%s%s, %s / %s / %s, %d rank%s, %zu parameters, %ld tokens per step, "
                 "estimated memory %.2f MiB per rank (model state %.2f, optimizer %.2f, activations %.2f)\n",
-                Net::backend_name, net.fused() ? " (fused cuBLASLt epilogues)" : "",
+                Net::backend_name, net.fusion().empty() ? "" : " (", net.fusion().c_str(), net.fusion().empty() ? "" : ")",
                 std::string(Cfg::wrapper::name).c_str(), std::string(Cfg::strategy::name).c_str(), prec.c_str(), N,
                 N == 1 ? "" : "s", shape.params(), o.tokens, double(est.total()) / (1 << 20),
                 double(est.model_state) / (1 << 20), double(est.optimizer_state) / (1 << 20),

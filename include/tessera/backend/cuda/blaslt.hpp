@@ -29,7 +29,10 @@ enum class epilogue : int {
   none,           //!< D = alpha op(A) op(B) + beta C
   bias,           //!< D = ... + bias (bias over D's columns, broadcast over rows)
   gelu_aux_bias,  //!< D = gelu(... + bias); aux = ... + bias (the GELU input, for backward)
-  dgelu_bgrad,    //!< D = (...) * gelu'(aux); bias = column sums of D (the bias gradient)
+  dgelu_bgrad,    //!< D = (...) * gelu'(aux); bias_grad = column sums of D (n elements)
+  dgelu,          //!< D = (...) * gelu'(aux)
+  bgrad_a,        //!< D = ...; bias_grad[i] = sum_k op(A)[i, k] (m elements): a bias
+                  //!< gradient for free in a weight-gradient product dW = dY^T X
 };
 
 //! One matrix product: D[m,n] = epilogue(alpha op(A)[m,k] op(B)[k,n] + beta C).
@@ -46,7 +49,7 @@ struct matmul_problem {
   float alpha = 1, beta = 0;
   epilogue ep = epilogue::none;
   const void* bias = nullptr;  //!< bias / gelu_aux_bias: n elements of TD
-  void* bias_grad = nullptr;   //!< dgelu_bgrad: n elements of TD written (not accumulated)
+  void* bias_grad = nullptr;   //!< dgelu_bgrad, bgrad_a: elements of TD written (not accumulated)
   const TD* c = nullptr;       //!< C, laid out like D, when it is not D itself
   TD* aux = nullptr;           //!< GELU input [m, n] row-major, ld = ldaux
   int ldaux = 0;
@@ -98,8 +101,17 @@ inline cublasLtEpilogue_t lt_epilogue(epilogue e) {
     case epilogue::bias: return CUBLASLT_EPILOGUE_BIAS;
     case epilogue::gelu_aux_bias: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
     case epilogue::dgelu_bgrad: return CUBLASLT_EPILOGUE_DGELU_BGRAD;
+    case epilogue::dgelu: return CUBLASLT_EPILOGUE_DGELU;
+    // cuBLASLt sees the swapped product D^T = op(B)^T op(A)^T: our A is its B.
+    case epilogue::bgrad_a: return CUBLASLT_EPILOGUE_BGRADB;
     default: return CUBLASLT_EPILOGUE_DEFAULT;
   }
+}
+
+inline bool writes_bias_grad(epilogue e) { return e == epilogue::dgelu_bgrad || e == epilogue::bgrad_a; }
+inline bool uses_bias(epilogue e) { return e == epilogue::bias || e == epilogue::gelu_aux_bias || writes_bias_grad(e); }
+inline bool uses_aux(epilogue e) {
+  return e == epilogue::gelu_aux_bias || e == epilogue::dgelu_bgrad || e == epilogue::dgelu;
 }
 
 inline const char* epilogue_name(epilogue e) {
@@ -107,6 +119,8 @@ inline const char* epilogue_name(epilogue e) {
     case epilogue::bias: return "bias";
     case epilogue::gelu_aux_bias: return "gelu_aux_bias";
     case epilogue::dgelu_bgrad: return "dgelu_bgrad";
+    case epilogue::dgelu: return "dgelu";
+    case epilogue::bgrad_a: return "bgrad_a";
     default: return "none";
   }
 }
@@ -166,14 +180,14 @@ lt_plan* lt_plan_for(const matmul_problem<TA, TD>& p, bool throw_if_none) {
   TESSERA_CUBLAS(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
   const cublasLtEpilogue_t ep = lt_epilogue(p.ep);
   TESSERA_CUBLAS(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep));
-  if (p.ep != epilogue::none) {
+  if (uses_bias(p.ep)) {
     // Pointers go in per call; the heuristic needs them (for alignment) now.
-    const void* bp = p.ep == epilogue::dgelu_bgrad ? p.bias_grad : p.bias;
+    const void* bp = writes_bias_grad(p.ep) ? p.bias_grad : p.bias;
     TESSERA_CUBLAS(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp));
     const cudaDataType_t bt = cuda_type<TD>();
     TESSERA_CUBLAS(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
   }
-  if (p.ep == epilogue::gelu_aux_bias || p.ep == epilogue::dgelu_bgrad) {
+  if (uses_aux(p.ep)) {
     const void* ap = p.aux;
     const std::int64_t ld = ldaux;
     TESSERA_CUBLAS(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ap, sizeof ap));
@@ -227,11 +241,11 @@ void matmul(const matmul_problem<TA, TD>& p) {
     return;
   }
   detail::lt_plan* plan = detail::lt_plan_for(p, true);
-  if (p.ep != epilogue::none) {
-    const void* bp = p.ep == epilogue::dgelu_bgrad ? p.bias_grad : p.bias;
+  if (detail::uses_bias(p.ep)) {
+    const void* bp = detail::writes_bias_grad(p.ep) ? p.bias_grad : p.bias;
     TESSERA_CUBLAS(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp));
   }
-  if (p.ep == epilogue::gelu_aux_bias || p.ep == epilogue::dgelu_bgrad) {
+  if (detail::uses_aux(p.ep)) {
     const void* ap = p.aux;
     TESSERA_CUBLAS(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ap, sizeof ap));
   }

@@ -1,0 +1,320 @@
+// tessera-bench-train: one training step of the reference model
+// (tessera-mlp-lm's byte-level MLP, bf16 compute, fp32 main weights and
+// AdamW) per strategy, beside the floor of a step measured in the same run.
+//
+//   floor = every GEMM of forward and backward timed alone (cuBLASLt, bf16
+//           operands, the trainer's output types, no epilogue)
+//         + the optimizer's 28 bytes per parameter at the measured copy bandwidth
+//
+// Per strategy: ms/step (median), tokens/s, model TFLOP/s (6 x matmul
+// parameters x tokens) beside a large bf16 GEMM's rate, the share of the
+// floor, a breakdown (compute = forward + backward; exposed communication =
+// waiting for gradient reductions after backward; optimizer), and peak
+// device memory (library-counted, and the device's own count) beside the
+// library's estimate. Run under mpirun for several ranks (NCCL when each
+// rank has its own GPU, else MPI staged through host memory).
+#include <cuda_runtime.h>
+#include <mpi.h>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "../examples/mlp_lm/cuda_compute.cuh"
+#include "../examples/mlp_lm/data.hpp"
+#include "../examples/mlp_lm/model.hpp"
+#include "common.cuh"
+#include "tessera/tessera.hpp"
+
+using namespace tessera;
+using namespace tessera_bench;
+using mlp_lm::model_shape;
+
+namespace {
+
+struct bench_options {
+  int layers = 8, d = 4096, ctx = 8, steps = 10, warmup = 3, accum = 1;
+  long tokens = 8192;
+  double clip = 1.0;
+  std::vector<std::string> strategies{"no_shard", "optim", "optim_grads", "optim_grads_params"};
+  std::string wrapper = "fsdp", json, comm = "auto";
+};
+
+std::size_t device_in_use() {
+  std::size_t f = 0, t = 0;
+  TESSERA_CUDA(cudaMemGetInfo(&f, &t));
+  return t - f;
+}
+
+// The floor: each GEMM of one step timed alone, summed.
+struct floor_parts {
+  double gemm_ms = 0, optimizer_ms = 0, copy_gbs = 0, gemm_tflops = 0;
+};
+
+template <class TD>
+double time_gemm(bool ta, bool tb, int m, int n, int k, int iters) {
+  const std::size_t ea = std::size_t(m) * std::size_t(k), eb = std::size_t(k) * std::size_t(n);
+  auto a = random_buffer<bf16>(ea, 1, 0.1f, -0.05f), b = random_buffer<bf16>(eb, 2, 0.1f, -0.05f);
+  auto d = random_buffer<TD>(std::size_t(m) * std::size_t(n), 3);
+  return time_ms([&] {
+    tessera::cuda::matmul(tessera::cuda::matmul_problem<bf16, TD>{.trans_a = ta, .trans_b = tb, .m = m, .n = n, .k = k,
+                                                                  .a = a.data(), .b = b.data(), .d = d.data()});
+  }, 3, iters);
+}
+
+floor_parts measure_floor(const model_shape& s, long tokens_per_rank, int iters) {
+  floor_parts f;
+  const int T = int(tokens_per_rank), d = s.d, h = s.hidden(), V = mlp_lm::vocab;
+  // Per block: forward X W1^T, A W2^T; backward dW2 = dY^T A, dA = dY W2, dW1 = dH^T X, dX = dH W1.
+  const double block = time_gemm<bf16>(false, true, T, h, d, iters) + time_gemm<bf16>(false, true, T, d, h, iters) +
+                       time_gemm<float>(true, false, d, h, T, iters) + time_gemm<bf16>(false, false, T, h, d, iters) +
+                       time_gemm<float>(true, false, h, d, T, iters) + time_gemm<bf16>(false, false, T, d, h, iters);
+  const double head = time_gemm<bf16>(false, true, T, V, d, iters) + time_gemm<float>(true, false, V, d, T, iters) +
+                      time_gemm<bf16>(false, false, T, d, V, iters);
+  f.gemm_ms = s.layers * block + head;
+  {
+    const std::size_t n = std::size_t(1) << 28;
+    auto a = random_buffer<float>(n, 4);
+    dbuf<float> b(n);
+    const double ms = time_ms([&] { backend_ops<backend::cuda>::copy(b.span(), std::span<const float>(a.span())); }, 3, iters);
+    f.copy_gbs = 2.0 * double(n) * sizeof(float) / (ms * 1e6);
+  }
+  f.optimizer_ms = 28.0 * double(s.params()) / (f.copy_gbs * 1e6);
+  {
+    const int g = 8192;
+    const double ms = time_gemm<bf16>(false, true, g, g, g, iters);
+    f.gemm_tflops = 2.0 * double(g) * g * g / (ms * 1e9);
+  }
+  return f;
+}
+
+struct strategy_result {
+  std::string name;
+  double ms = 0, compute_ms = 0, comm_ms = 0, optimizer_ms = 0, tokens_per_s = 0, tflops = 0, final_loss = 0;
+  std::size_t peak = 0, device_used = 0, estimate = 0;
+  bool fused = false;
+};
+
+template <class Cfg, class Comm>
+strategy_result run_strategy(const bench_options& o, const model_shape& s, Comm& comm, MPI_Comm world) {
+  using Wrapper = data_parallel_t<Cfg>;
+  int r = 0, N = 1;
+  MPI_Comm_rank(world, &r);
+  MPI_Comm_size(world, &N);
+  tessera::cuda::current_stream();
+  TESSERA_CUDA(cudaDeviceSynchronize());
+  const std::size_t base = device_in_use();
+  memory_of<backend::cuda>().reset_peak();
+  const std::size_t counted_before = memory_of<backend::cuda>().current();
+  strategy_result res;
+  res.name = std::string(Cfg::strategy::name);
+  {
+    Wrapper model(comm);
+    const mlp_lm::model_ids ids = mlp_lm::register_model(model, s);
+    model.finalize();
+    mlp_lm::init_model(model, ids, s, 1);
+    ShardedOptimizer opt(model, adamw{.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1},
+                         optimizer_options{.clip_norm = o.clip});
+    const long per_mb = o.tokens / o.accum;
+    const long lo = per_mb * r / N, hi = per_mb * (r + 1) / N;
+    const std::size_t n = std::size_t(hi - lo), n_alloc = std::max<std::size_t>(n, 1);
+    mlp_lm::cuda_mlp<Wrapper> net(model, ids, s, n_alloc);
+    res.fused = net.fused();
+    res.estimate = model.planned().total() + opt.state_bytes() + decltype(net)::workspace_bytes(s, n_alloc) +
+                   tessera::cuda::matmul_workspace_bytes();
+    const mlp_lm::corpus data("", 1, s.ctx);
+    std::vector<std::pair<std::vector<std::uint8_t>, std::vector<std::uint8_t>>> batches(
+        std::size_t(o.accum), {std::vector<std::uint8_t>(n_alloc * std::size_t(s.ctx)), std::vector<std::uint8_t>(n_alloc)});
+    tessera::cuda::event e0(true), e1(true), e2(true), e3(true);
+    std::vector<double> total, compute, exposed, optimizer;
+    const cudaStream_t st = tessera::cuda::current_stream();
+    for (int step = 0; step < o.warmup + o.steps; ++step) {
+      // Batches are sampled before the clock starts (the trainer samples the
+      // next one while the GPU runs the current one).
+      for (int mb = 0; mb < o.accum; ++mb)
+        for (std::size_t j = 0; j < n; ++j)
+          batches[std::size_t(mb)].second[j] =
+              data.sample(1, step, mb, lo + long(j), &batches[std::size_t(mb)].first[j * std::size_t(s.ctx)]);
+      MPI_Barrier(world);
+      const double t0 = MPI_Wtime();
+      e0.record(st);
+      for (int mb = 0; mb < o.accum; ++mb) {
+        model.begin_micro_batch(mb, o.accum);
+        net.forward_backward(batches[std::size_t(mb)].first.data(), batches[std::size_t(mb)].second.data(), n,
+                             double(o.tokens));
+      }
+      e1.record(st);
+      model.finish_grad_sync();
+      e2.record(st);
+      net.finish_loss();
+      opt.step();
+      e3.record(st);
+      e3.synchronize();
+      res.final_loss = net.take_loss() / double(o.tokens);
+      const double wall = (MPI_Wtime() - t0) * 1e3;
+      if (step < o.warmup) continue;
+      float a = 0, b = 0, c = 0;
+      TESSERA_CUDA(cudaEventElapsedTime(&a, e0.get(), e1.get()));
+      TESSERA_CUDA(cudaEventElapsedTime(&b, e1.get(), e2.get()));
+      TESSERA_CUDA(cudaEventElapsedTime(&c, e2.get(), e3.get()));
+      total.push_back(wall);
+      compute.push_back(a);
+      exposed.push_back(b);
+      optimizer.push_back(c);
+    }
+    auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v.empty() ? 0.0 : v[v.size() / 2];
+    };
+    res.ms = median(total);
+    res.compute_ms = median(compute);
+    res.comm_ms = median(exposed);
+    res.optimizer_ms = median(optimizer);
+    res.tokens_per_s = double(o.tokens) / (res.ms * 1e-3);
+    res.tflops = s.flops_per_token() * res.tokens_per_s / 1e12;
+    TESSERA_CUDA(cudaDeviceSynchronize());
+    res.device_used = device_in_use() - base;
+    res.peak = memory_of<backend::cuda>().peak() - counted_before;
+    // The busiest rank.
+    std::uint64_t v[3] = {res.peak, res.device_used, res.estimate};
+    MPI_Allreduce(MPI_IN_PLACE, v, 3, MPI_UINT64_T, MPI_MAX, world);
+    res.peak = v[0];
+    res.device_used = v[1];
+    res.estimate = v[2];
+  }
+  return res;
+}
+
+template <class Comm>
+strategy_result dispatch(const bench_options& o, const std::string& name, const model_shape& s, Comm& comm, MPI_Comm world) {
+  using P = mixed_precision<bf16, float>;
+  using B = backend::cuda;
+  if (o.wrapper == "ddp") {
+    if (name == "no_shard") return run_strategy<config<no_shard, ddp, P, sum, B>>(o, s, comm, world);
+    if (name == "optim") return run_strategy<config<optim, ddp, P, sum, B>>(o, s, comm, world);
+    if (name == "optim_grads") return run_strategy<config<optim_grads, ddp, P, sum, B>>(o, s, comm, world);
+  } else {
+    if (name == "no_shard") return run_strategy<config<no_shard, fsdp, P, sum, B>>(o, s, comm, world);
+    if (name == "optim") return run_strategy<config<optim, fsdp, P, sum, B>>(o, s, comm, world);
+    if (name == "optim_grads") return run_strategy<config<optim_grads, fsdp, P, sum, B>>(o, s, comm, world);
+    if (name == "optim_grads_params") return run_strategy<config<optim_grads_params, fsdp, P, sum, B>>(o, s, comm, world);
+  }
+  detail::fail("no instantiation for --wrapper " + o.wrapper + " --strategies " + name);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bench_options o;
+  CLI::App app{"tessera-bench-train: training-step time per strategy beside the step's floor"};
+  app.add_option("--layers", o.layers);
+  app.add_option("--d", o.d);
+  app.add_option("--ctx", o.ctx);
+  app.add_option("--tokens", o.tokens, "global tokens per step");
+  app.add_option("--accum", o.accum, "micro-batches per step");
+  app.add_option("--steps", o.steps, "timed steps (median reported)");
+  app.add_option("--warmup", o.warmup, "untimed steps first");
+  app.add_option("--clip", o.clip, "gradient-norm clip (0: none)");
+  app.add_option("--strategies", o.strategies, "strategies to run")->delimiter(',');
+  app.add_option("--wrapper", o.wrapper)->check(CLI::IsMember({"ddp", "fsdp"}));
+  app.add_option("--comm", o.comm)->check(CLI::IsMember({"auto", "nccl", "mpi"}));
+  app.add_option("--json", o.json, "write results as JSON to this file");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    comm::mpi_session session(&argc, &argv);
+    comm::mpi world;
+    MPI_Comm node;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world.rank(), MPI_INFO_NULL, &node);
+    int local = 0, local_size = 1, gpus = 0;
+    MPI_Comm_rank(node, &local);
+    MPI_Comm_size(node, &local_size);
+    MPI_Comm_free(&node);
+    TESSERA_CUDA(cudaGetDeviceCount(&gpus));
+    TESSERA_CUDA(cudaSetDevice(local % gpus));
+    tessera::cuda::stream compute;
+    tessera::cuda::set_current_stream(compute.get());
+    const bool nccl_ok = local_size <= gpus;
+    const bool use_nccl = o.comm == "nccl" || (o.comm == "auto" && nccl_ok);
+    const model_shape s{o.layers, o.d, o.ctx};
+    const bool talk = world.rank() == 0;
+    cudaDeviceProp prop{};
+    TESSERA_CUDA(cudaGetDeviceProperties(&prop, local % gpus));
+    const long per_rank = o.tokens / o.accum / world.size();
+    const floor_parts fl = measure_floor(s, per_rank, 10);
+    const double floor_step = fl.gemm_ms * o.accum + fl.optimizer_ms;  // GEMMs per micro-batch, the optimizer once
+    if (talk) {
+      std::printf("# tessera-bench-train on %s: %d rank%s (%s), layers %d, d %d, ctx %d, %ld tokens per step "
+                  "(%d micro-batch%s), %.3fB parameters, clip %g\n",
+                  prop.name, world.size(), world.size() == 1 ? "" : "s", use_nccl ? "NCCL" : "MPI staged", o.layers, o.d,
+                  o.ctx, o.tokens, o.accum, o.accum == 1 ? "" : "es", double(s.params()) / 1e9, o.clip);
+      std::printf("# bf16 GEMM 8192^3: %.1f TFLOP/s; copy %.0f GB/s\n", fl.gemm_tflops, fl.copy_gbs);
+      std::printf("# floor per step and rank: GEMMs alone %.3f ms + optimizer 28 B/param at copy speed %.3f ms = %.3f ms "
+                  "(%.0f tokens/s)\n",
+                  fl.gemm_ms * o.accum, fl.optimizer_ms, floor_step, double(o.tokens) / world.size() / (floor_step * 1e-3));
+      std::printf("%-20s %9s %12s %8s %8s %9s %9s %9s %10s %10s %10s %6s\n", "strategy", "ms/step", "tokens/s",
+                  "TFLOP/s", "of floor", "compute", "exp.comm", "optim", "peak MiB", "device MiB", "est. MiB", "est/pk");
+    }
+    nlohmann::json out{{"device", prop.name},
+                       {"world", world.size()},
+                       {"comm", use_nccl ? "nccl" : "mpi"},
+                       {"layers", o.layers},
+                       {"d", o.d},
+                       {"ctx", o.ctx},
+                       {"tokens", o.tokens},
+                       {"accum", o.accum},
+                       {"params", s.params()},
+                       {"clip", o.clip},
+                       {"wrapper", o.wrapper},
+                       {"gemm_tflops", fl.gemm_tflops},
+                       {"copy_gbs", fl.copy_gbs},
+                       {"floor_gemm_ms", fl.gemm_ms * o.accum},
+                       {"floor_optimizer_ms", fl.optimizer_ms},
+                       {"floor_ms", floor_step},
+                       {"results", nlohmann::json::array()}};
+    auto run_all = [&](auto& c) {
+      for (const auto& name : o.strategies) {
+        const strategy_result r = dispatch(o, name, s, c, MPI_COMM_WORLD);
+        if (!talk) continue;
+        // Per rank: tokens/s of the whole job divided by ranks, against the per-rank floor.
+        const double of_floor = floor_step / r.ms;
+        std::printf("%-20s %9.3f %12.0f %8.1f %7.1f%% %9.3f %9.3f %9.3f %10.1f %10.1f %10.1f %6.3f%s\n", r.name.c_str(),
+                    r.ms, r.tokens_per_s, r.tflops, 100 * of_floor, r.compute_ms, r.comm_ms, r.optimizer_ms,
+                    double(r.peak) / (1 << 20), double(r.device_used) / (1 << 20), double(r.estimate) / (1 << 20),
+                    double(r.estimate) / double(r.peak), r.fused ? "" : "  (epilogues not fused)");
+        std::fflush(stdout);
+        out["results"].push_back({{"strategy", r.name},
+                                  {"ms", r.ms},
+                                  {"tokens_per_s", r.tokens_per_s},
+                                  {"tokens_per_s_per_rank", r.tokens_per_s / world.size()},
+                                  {"tflops", r.tflops},
+                                  {"of_floor", of_floor},
+                                  {"compute_ms", r.compute_ms},
+                                  {"exposed_comm_ms", r.comm_ms},
+                                  {"optimizer_ms", r.optimizer_ms},
+                                  {"peak_bytes", r.peak},
+                                  {"device_used_bytes", r.device_used},
+                                  {"estimated_bytes", r.estimate},
+                                  {"fused_epilogues", r.fused},
+                                  {"final_loss", r.final_loss}});
+      }
+    };
+    if (use_nccl) {
+      comm::nccl c(world);
+      run_all(c);
+    } else {
+      comm::mpi_device c;
+      run_all(c);
+    }
+    if (talk && !o.json.empty()) std::ofstream(o.json) << out.dump(2) << "\n";
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    return 1;
+  }
+}

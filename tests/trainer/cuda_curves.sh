@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The GPU trainer's correctness, on whatever GPUs are present (ranks share
+# them through staged MPI when there are fewer GPUs than ranks):
+#  - fp32 on the GPU reproduces the host backend's loss curve;
+#  - bf16: every strategy and wrapper at 2 and 3 ranks reproduces the
+#    single-rank no_shard curve within bf16 tolerance;
+#  - the loss falls on real text (--data: this repository's Markdown and sources).
+# Usage: cuda_curves.sh TRAINER [MPIEXEC]
+set -euo pipefail
+trainer=$1
+mpiexec=${2:-mpirun}
+here=$(cd "$(dirname "$0")" && pwd)
+curves="python3 $here/compare_curves.py $mpiexec $trainer"
+model="--layers 2 --d 128 --ctx 8 --tokens 1536 --steps 40 --log-every 4 --lr 3e-3 --warmup 4"
+fail=0
+check() { echo "-- $1"; shift; if ! "$@" | tail -1; then fail=1; fi; }
+
+check "fp32: GPU (fsdp/optim_grads_params) = host (no_shard)" \
+  $curves 1e-4 1 "--backend host --precision fp32 --strategy no_shard --wrapper ddp" \
+  1 "--backend cuda --precision fp32 --strategy optim_grads_params --wrapper fsdp" $model
+for np in 2 3; do
+  for sw in ddp:no_shard ddp:optim ddp:optim_grads fsdp:no_shard fsdp:optim fsdp:optim_grads fsdp:optim_grads_params; do
+    check "bf16 np$np ${sw%%:*}/${sw#*:} = np1 no_shard" \
+      $curves 2e-2 1 "--backend cuda --precision bf16 --strategy no_shard --wrapper ddp" \
+      $np "--backend cuda --precision bf16 --wrapper ${sw%%:*} --strategy ${sw#*:}" $model
+  done
+done
+text=$(mktemp)
+cat "$here"/../../README.md "$here"/../../include/tessera/*/*.hpp "$here"/../../examples/mlp_lm/* > "$text"
+check "bf16 np2 on real text: the loss falls" \
+  $curves 2e-2 1 "--backend cuda --precision bf16 --strategy no_shard" \
+  2 "--backend cuda --precision bf16 --strategy optim_grads_params --accum 2" $model --data "$text" --steps 60
+rm -f "$text"
+exit $fail
