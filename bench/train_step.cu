@@ -98,6 +98,7 @@ struct strategy_result {
   double ms = 0, compute_ms = 0, comm_ms = 0, optimizer_ms = 0, tokens_per_s = 0, tflops = 0, final_loss = 0;
   std::size_t peak = 0, device_used = 0, estimate = 0;
   bool fused = false;
+  std::string choices;
 };
 
 template <class Cfg, class Comm>
@@ -171,6 +172,7 @@ strategy_result run_strategy(const bench_options& o, const model_shape& s, Comm&
       std::sort(v.begin(), v.end());
       return v.empty() ? 0.0 : v[v.size() / 2];
     };
+    res.choices = net.choices();
     res.ms = median(total);
     res.compute_ms = median(compute);
     res.comm_ms = median(exposed);
@@ -286,6 +288,7 @@ int main(int argc, char** argv) {
                     r.ms, r.tokens_per_s, r.tflops, 100 * of_floor, r.compute_ms, r.comm_ms, r.optimizer_ms,
                     double(r.peak) / (1 << 20), double(r.device_used) / (1 << 20), double(r.estimate) / (1 << 20),
                     double(r.estimate) / double(r.peak), r.fused ? "" : "  (epilogues not fused)");
+        if (&name == &o.strategies.front()) std::printf("#   products: %s\n", r.choices.c_str());
         std::fflush(stdout);
         out["results"].push_back({{"strategy", r.name},
                                   {"ms", r.ms},
@@ -300,6 +303,7 @@ int main(int argc, char** argv) {
                                   {"device_used_bytes", r.device_used},
                                   {"estimated_bytes", r.estimate},
                                   {"fused_epilogues", r.fused},
+                                  {"fusion_choices", r.choices},
                                   {"final_loss", r.final_loss}});
       }
     };

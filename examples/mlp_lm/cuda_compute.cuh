@@ -17,6 +17,7 @@
 // lacks a fused form for a shape, the separate kernels run instead.
 #include <algorithm>
 #include <array>
+#include <cstdio>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -65,6 +66,31 @@ public:
     if constexpr (std::is_same_v<C, tessera::bf16>) fused_ = s.layers > 0 && epilogues_supported();
     bgrad_fused_ = std::is_same_v<C, tessera::bf16> && bias_grad_epilogue_supported();
     one_hot_gemm_ = one_hot_supported();
+    for (int p : {up, down, gelu_grad}) choice_[std::size_t(p)] = fused_ ? unmeasured : 0;
+    for (int p : {up_grad, down_grad, head_grad}) choice_[std::size_t(p)] = bgrad_fused_ ? unmeasured : 0;
+  }
+
+  //! Forces every product's form: fused where cuBLASLt can (true) or separate (false).
+  void force_fusion(bool on) {
+    for (int p : {up, down, gelu_grad}) choice_[std::size_t(p)] = on && fused_ ? 1 : 0;
+    for (int p : {up_grad, down_grad, head_grad}) choice_[std::size_t(p)] = on && bgrad_fused_ ? 1 : 0;
+  }
+  //! The form each product runs in, with the timings that chose it (after the first step).
+  [[nodiscard]] std::string choices() const {
+    std::string r;
+    for (int p = 0; p < products; ++p) {
+      const int c = choice_[std::size_t(p)];
+      char line[160];
+      const auto [f, sep] = timings_[std::size_t(p)];
+      std::snprintf(line, sizeof line, "%s%s: %s", r.empty() ? "" : "; ", product_names[p],
+                    c == unmeasured ? "not yet measured" : c == 1 ? "fused" : "separate");
+      r += line;
+      if (f > 0 || sep > 0) {
+        std::snprintf(line, sizeof line, " (fused %.3f ms, separate %.3f ms)", double(f), double(sep));
+        r += line;
+      }
+    }
+    return r;
   }
 
   [[nodiscard]] bool fused() const noexcept { return fused_; }
@@ -72,6 +98,7 @@ public:
   [[nodiscard]] std::string fusion() const {
     std::string f = fused_ ? "bias+GELU and GELU-gradient epilogues" : "separate bias and GELU kernels";
     f += bgrad_fused_ ? ", bias gradients in the weight-gradient GEMMs" : ", bias gradients by column sums";
+    if (fused_ || bgrad_fused_) f += " (each fused form kept where it measures faster)";
     f += one_hot_gemm_ ? ", embedding gradient as a one-hot GEMM" : ", embedding gradient by grouped sums";
     return f;
   }
@@ -107,30 +134,37 @@ public:
       auto sc = m_.gather(b.unit);
       const C* w = sc.weights().data();
       const C *W1 = w + off(b.w1), *B1 = w + off(b.b1), *W2 = w + off(b.w2), *B2 = w + off(b.b2);
-      if (fused_) {  // A = gelu(X W1^T + b1), aux = X W1^T + b1
-        gemm<C>({.trans_b = true, .m = N, .n = hd, .k = d, .a = X(l), .b = W1, .d = Act(l), .ep = epilogue::gelu_aux_bias,
-                 .bias = B1, .aux = Pre(l)});
-      } else {
-        gemm<C>({.trans_b = true, .m = N, .n = hd, .k = d, .a = X(l), .b = W1, .d = Pre(l)});
-        gpu::bias_gelu(Pre(l), B1, N, hd, Act(l));
-      }
+      // A = gelu(X W1^T + b1), aux = X W1^T + b1
+      run(choice_[up], [&](bool fuse) {
+        if (fuse) {
+          gemm<C>({.trans_b = true, .m = N, .n = hd, .k = d, .a = X(l), .b = W1, .d = Act(l),
+                   .ep = epilogue::gelu_aux_bias, .bias = B1, .aux = Pre(l)});
+        } else {
+          gemm<C>({.trans_b = true, .m = N, .n = hd, .k = d, .a = X(l), .b = W1, .d = Pre(l)});
+          gpu::bias_gelu(Pre(l), B1, N, hd, Act(l));
+        }
+      });
       // X_{l+1} = X_l + A W2^T + b2
-      gemm<C>({.trans_b = true, .m = N, .n = d, .k = hd, .a = Act(l), .b = W2, .d = X(l + 1), .beta = 1,
-               .ep = fused_ ? epilogue::bias : epilogue::none, .bias = B2, .c = X(l)});
-      if (!fused_) gpu::add_bias(X(l + 1), B2, N, d);
+      run(choice_[down], [&](bool fuse) {
+        gemm<C>({.trans_b = true, .m = N, .n = d, .k = hd, .a = Act(l), .b = W2, .d = X(l + 1), .beta = 1,
+                 .ep = fuse ? epilogue::bias : epilogue::none, .bias = B2, .c = X(l)});
+        if (!fuse) gpu::add_bias(X(l + 1), B2, N, d);
+      });
     }
     // ---- head, loss, and the head's backward ----
     {
       auto sc = m_.gather(ids_.head);
       const C* w = sc.weights().data();
       const C *Wh = w + off(ids_.hw), *Bh = w + off(ids_.hb);
+      const bool fuse_bias = choice_[down] != 0;
       gemm<C>({.trans_b = true, .m = N, .n = vocab, .k = d, .a = X(L), .b = Wh, .d = z_.data(),
-               .ep = fused_ ? epilogue::bias : epilogue::none, .bias = Bh});
-      if (!fused_) gpu::add_bias(z_.data(), Bh, N, vocab);
+               .ep = fuse_bias ? epilogue::bias : epilogue::none, .bias = Bh});
+      if (!fuse_bias) gpu::add_bias(z_.data(), Bh, N, vocab);
       gpu::softmax_xent(z_.data(), dtgt, N, float(1.0 / global_tokens), loss_.data());  // z_ becomes dZ
       auto [g, fresh] = sc.grads_for_write();
       // dWh (+)= dZ^T X, dbh (+)= sum over tokens of dZ
-      weight_grad(z_.data(), X(L), vocab, d, N, g.data() + off(ids_.hw), g.data() + off(ids_.hb), fresh);
+      weight_grad(choice_[head_grad], z_.data(), X(L), vocab, d, N, g.data() + off(ids_.hw), g.data() + off(ids_.hb),
+                  fresh);
       gemm<C>({.m = N, .n = d, .k = vocab, .a = z_.data(), .b = Wh, .d = dx_.data()});  // dX = dZ Wh
       sc.reduce_grads();
     }
@@ -144,15 +178,17 @@ public:
       C* dX = dx_.data();
       C* dH = dh_.data();
       // dW2 (+)= dY^T A, db2 (+)= sum over tokens of dY
-      weight_grad(dX, Act(l), d, hd, N, g.data() + off(b.w2), g.data() + off(b.b2), fresh);
-      if (fused_) {  // dH = (dY W2) * gelu'(pre)
-        gemm<C>({.m = N, .n = hd, .k = d, .a = dX, .b = W2, .d = dH, .ep = epilogue::dgelu, .aux = Pre(l)});
-      } else {
-        gemm<C>({.m = N, .n = hd, .k = d, .a = dX, .b = W2, .d = dH});
-        gpu::dgelu(dH, Pre(l), std::size_t(N) * H);
-      }
+      weight_grad(choice_[down_grad], dX, Act(l), d, hd, N, g.data() + off(b.w2), g.data() + off(b.b2), fresh);
+      run(choice_[gelu_grad], [&](bool fuse) {  // dH = (dY W2) * gelu'(pre)
+        if (fuse) {
+          gemm<C>({.m = N, .n = hd, .k = d, .a = dX, .b = W2, .d = dH, .ep = epilogue::dgelu, .aux = Pre(l)});
+        } else {
+          gemm<C>({.m = N, .n = hd, .k = d, .a = dX, .b = W2, .d = dH});
+          gpu::dgelu(dH, Pre(l), std::size_t(N) * H);
+        }
+      });
       // dW1 (+)= dH^T X, db1 (+)= sum over tokens of dH
-      weight_grad(dH, X(l), hd, d, N, g.data() + off(b.w1), g.data() + off(b.b1), fresh);
+      weight_grad(choice_[up_grad], dH, X(l), hd, d, N, g.data() + off(b.w1), g.data() + off(b.b1), fresh);
       gemm<C>({.m = N, .n = d, .k = hd, .a = dH, .b = W1, .d = dX, .beta = 1});            // dX += dH W1
       sc.reduce_grads();
     }
@@ -227,18 +263,48 @@ private:
 
   // dW[m, n] (+)= dY^T X over k tokens, and db[m] (+)= sum over tokens of dY:
   // one GEMM where cuBLASLt folds the bias gradient in, else GEMM + column sums.
-  void weight_grad(const C* dY, const C* X, int m, int n, int k, float* dW, float* db, bool fresh) {
+  // Tuned only on a fresh write (assigning twice gives the same result).
+  void weight_grad(int& choice, const C* dY, const C* X, int m, int n, int k, float* dW, float* db, bool fresh) {
     const float beta = fresh ? 0.0f : 1.0f;
-    if (bgrad_fused_ && k > 0) {
-      // The epilogue writes the bias gradient; accumulate through scratch when not fresh.
-      float* out = fresh ? db : scratch_.data();
-      gemm<float>({.trans_a = true, .m = m, .n = n, .k = k, .a = dY, .b = X, .d = dW, .beta = beta,
-                   .ep = epilogue::bgrad_a, .bias_grad = out});
-      if (!fresh) gpu::accumulate(scratch_.data(), m, db, false);
-    } else {
-      gemm<float>({.trans_a = true, .m = m, .n = n, .k = k, .a = dY, .b = X, .d = dW, .beta = beta});
-      gpu::column_sums(dY, k, m, db, fresh, scratch_.data());
-    }
+    auto go = [&](bool fuse) {
+      if (fuse && k > 0) {
+        // The epilogue writes the bias gradient; accumulate through scratch when not fresh.
+        float* out = fresh ? db : scratch_.data();
+        gemm<float>({.trans_a = true, .m = m, .n = n, .k = k, .a = dY, .b = X, .d = dW, .beta = beta,
+                     .ep = epilogue::bgrad_a, .bias_grad = out});
+        if (!fresh) gpu::accumulate(scratch_.data(), m, db, false);
+      } else {
+        gemm<float>({.trans_a = true, .m = m, .n = n, .k = k, .a = dY, .b = X, .d = dW, .beta = beta});
+        gpu::column_sums(dY, k, m, db, fresh, scratch_.data());
+      }
+    };
+    if (choice == unmeasured && !fresh) go(true);
+    else run(choice, go);
+  }
+
+  // A product with a fused and a separate form: `choice` is 1 (fused), 0
+  // (separate) or unmeasured; the first time, both forms run twice and the
+  // second runs are timed, and the separate form is kept only if it is more
+  // than 3% faster (timing noise must not flip a run's arithmetic). Every
+  // product tuned this way writes the same outputs however often it runs.
+  template <class F>
+  void run(int& choice, F&& go) {
+    if (choice != unmeasured) return go(choice == 1);
+    const cudaStream_t s = tessera::cuda::current_stream();
+    go(true);
+    go(false);
+    tessera::cuda::event a(true), b(true), c(true);
+    a.record(s);
+    go(true);
+    b.record(s);
+    go(false);
+    c.record(s);
+    c.synchronize();
+    float fused_ms = 0, separate_ms = 0;
+    TESSERA_CUDA(cudaEventElapsedTime(&fused_ms, a.get(), b.get()));
+    TESSERA_CUDA(cudaEventElapsedTime(&separate_ms, b.get(), c.get()));
+    choice = separate_ms < 0.97f * fused_ms ? 0 : 1;
+    timings_[std::size_t(&choice - choice_.data())] = {fused_ms, separate_ms};
   }
 
   bool bias_grad_epilogue_supported() {
@@ -281,6 +347,13 @@ private:
   const model_ids& ids_;
   model_shape s_;
   std::size_t n_max_;
+  // The products with a fused and a separate form.
+  enum product { up, down, gelu_grad, up_grad, down_grad, head_grad, products };
+  static constexpr int unmeasured = -1;
+  static constexpr const char* product_names[products] = {"X W1^T + b1, GELU", "A W2^T + b2 + X", "GELU gradient",
+                                                          "dW1 and db1", "dW2 and db2", "dWh and dbh"};
+  std::array<int, products> choice_{};
+  std::array<std::pair<float, float>, products> timings_{};
   bool fused_ = false, bgrad_fused_ = false, one_hot_gemm_ = false;
   dbuf<C> x_, pre_, act_, z_, dx_, dh_, bgrad_, one_hot_;
   dbuf<float> scratch_;

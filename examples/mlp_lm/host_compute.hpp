@@ -51,6 +51,8 @@ public:
 
   [[nodiscard]] static constexpr bool fused() noexcept { return false; }
   [[nodiscard]] static std::string fusion() { return {}; }
+  [[nodiscard]] static std::string choices() { return {}; }
+  static void force_fusion(bool) {}
   //! Host bytes this class holds (activations and scratch), for the memory estimate.
   [[nodiscard]] static std::size_t workspace_bytes(const model_shape& s, std::size_t n) {
     const std::size_t D = std::size_t(s.d), H = std::size_t(s.hidden()), L = std::size_t(s.layers);

@@ -9,7 +9,7 @@
 namespace mlp_lm {
 
 struct options {
-  std::string backend = "host", comm = "auto", wrapper = "fsdp", strategy = "optim_grads_params", precision = "fp32";
+  std::string backend = "host", comm = "auto", fusion = "auto", wrapper = "fsdp", strategy = "optim_grads_params", precision = "fp32";
   int layers = 2, d = 64, ctx = 8;
   long tokens = 1024;
   int steps = 50, accum = 1, log_every = 10, warmup = 0;
@@ -28,6 +28,9 @@ inline int parse(int argc, char** argv, options& o) {
   app.add_option("--backend", o.backend, "host or cuda")->check(CLI::IsMember({"host", "cuda"}));
   app.add_option("--comm", o.comm, "cuda backend: nccl (a GPU per rank), mpi (staged through host memory) or auto")
       ->check(CLI::IsMember({"auto", "nccl", "mpi"}));
+  app.add_option("--fusion", o.fusion,
+                 "cuda backend: fused cuBLASLt epilogues where they measure faster (auto), always (on), never (off)")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
   app.add_option("--wrapper", o.wrapper, "ddp or fsdp")->check(CLI::IsMember({"ddp", "fsdp"}));
   app.add_option("--strategy", o.strategy, "no_shard, optim, optim_grads or optim_grads_params")
       ->check(CLI::IsMember({"no_shard", "optim", "optim_grads", "optim_grads_params"}));

@@ -56,6 +56,7 @@ int train(const options& o, tessera::comm::mpi& world, Comm& comm, const device_
   const long lo = per_mb * r / N, hi = per_mb * (r + 1) / N;
   const std::size_t n = std::size_t(hi - lo), n_alloc = std::max<std::size_t>(n, 1);
   Net net(model, ids, shape, n_alloc);
+  if (o.fusion != "auto") net.force_fusion(o.fusion == "on");
   const memory_estimate est{model.planned().total(), opt.state_bytes(), Net::workspace_bytes(shape, n_alloc),
                             blas_workspace};
 
@@ -102,6 +103,7 @@ int train(const options& o, tessera::comm::mpi& world, Comm& comm, const device_
       ++timed_steps;
     }
     final_loss = loss;
+    if (talk && step == 0 && !o.json && !net.choices().empty()) std::printf("products: %s\n", net.choices().c_str());
     if (talk && (step % o.log_every == 0 || step == o.steps - 1)) {
       const double tps = double(o.tokens) / s;
       if (o.json) {
@@ -132,6 +134,7 @@ int train(const options& o, tessera::comm::mpi& world, Comm& comm, const device_
                      {"precision", o.precision},
                      {"backend", Net::backend_name},
                      {"fused_epilogues", net.fused()},
+                     {"fusion_choices", net.choices()},
                      {"steps", o.steps},
                      {"skipped_steps", opt.skipped_steps()},
                      {"tokens_per_s", tps},

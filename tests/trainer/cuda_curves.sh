@@ -18,6 +18,9 @@ check() { echo "-- $1"; shift; if ! "$@" | tail -1; then fail=1; fi; }
 check "fp32: GPU (fsdp/optim_grads_params) = host (no_shard)" \
   $curves 1e-4 1 "--backend host --precision fp32 --strategy no_shard --wrapper ddp" \
   1 "--backend cuda --precision fp32 --strategy optim_grads_params --wrapper fsdp" $model
+check "bf16: fused epilogues = separate kernels" \
+  $curves 2e-2 1 "--backend cuda --precision bf16 --strategy no_shard --fusion off" \
+  1 "--backend cuda --precision bf16 --strategy no_shard --fusion on" $model
 for np in 2 3; do
   for sw in ddp:no_shard ddp:optim ddp:optim_grads fsdp:no_shard fsdp:optim fsdp:optim_grads fsdp:optim_grads_params; do
     check "bf16 np$np ${sw%%:*}/${sw#*:} = np1 no_shard" \
