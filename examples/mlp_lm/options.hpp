@@ -15,7 +15,8 @@ struct options {
   int steps = 50, accum = 1, log_every = 10, warmup = 0;
   double lr = 3e-3, clip = 1.0, weight_decay = 0.1;
   std::uint64_t seed = 1;
-  std::string data;
+  std::string data, save, load, dump_weights;
+  int save_every = 0, keep = 0;
   bool json = false;
 };
 
@@ -50,6 +51,13 @@ inline int parse(int argc, char** argv, options& o) {
   app.add_option("--seed", o.seed, "seed of initialisation and batch sampling");
   app.add_option("--data", o.data, "train on the bytes of this file (default: generated text)");
   app.add_option("--log-every", o.log_every, "log every N steps")->check(CLI::Range(1, 1 << 30));
+  app.add_option("--save", o.save, "write a checkpoint under this directory at the end (and every --save-every steps)");
+  app.add_option("--save-every", o.save_every, "also checkpoint every N steps")->check(CLI::NonNegativeNumber);
+  app.add_option("--keep", o.keep, "keep only the newest K checkpoints under --save (0: all)")->check(CLI::NonNegativeNumber);
+  app.add_option("--load", o.load,
+                 "resume from this checkpoint, or the newest complete one under this directory (any strategy and "
+                 "world size); --steps stays the total");
+  app.add_option("--dump-weights", o.dump_weights, "write the final weights as one safetensors file (rank 0)");
   app.add_flag("--json", o.json, "one JSON object per logged step on rank 0, and a summary line");
   try {
     app.parse(argc, argv);
@@ -70,6 +78,7 @@ inline int parse(int argc, char** argv, options& o) {
   if (o.tokens % o.accum != 0)
     return bad("--tokens " + std::to_string(o.tokens) + " does not split into --accum " + std::to_string(o.accum) +
                " equal micro-batches");
+  if (o.save_every > 0 && o.save.empty()) return bad("--save-every needs --save DIR");
   if (o.wrapper == "ddp" && o.strategy == "optim_grads_params")
     return bad("--wrapper ddp cannot shard parameters; use --wrapper fsdp for optim_grads_params");
   return -1;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,8 @@
 #include "data.hpp"
 #include "model.hpp"
 #include "options.hpp"
+#include "tessera/checkpoint/checkpoint.hpp"
+#include "tessera/checkpoint/consolidate.hpp"
 #include "tessera/tessera.hpp"
 
 namespace mlp_lm {
@@ -31,15 +34,35 @@ struct memory_estimate {
   [[nodiscard]] std::size_t total() const { return model_state + optimizer_state + activations + blas_workspace; }
 };
 
+//! The final weights, gathered, as one safetensors file written by rank 0 (collective).
+template <class Wrapper>
+void dump_weights(Wrapper& model, const std::string& path) {
+  using M = typename Wrapper::main_type;
+  std::vector<tessera::checkpoint::tensor_out> outs;
+  std::vector<std::vector<M>> values;
+  for (std::size_t u = 0; u < model.num_units(); ++u) {
+    const auto& L = model.engine().layout(u);
+    for (std::size_t t = 0; t < L.tensors().size(); ++t) {
+      values.push_back(model.get_param({int(u), int(t)}));
+      outs.push_back({L.name() + "." + L.tensors()[t].spec.name, std::string(tessera::checkpoint::dtype_name<M>()),
+                      L.tensors()[t].spec.shape.extents()});
+    }
+  }
+  if (model.rank() == 0)
+    tessera::checkpoint::write_safetensors(path, outs, [&](std::size_t i, std::vector<unsigned char>& dst) {
+      std::memcpy(dst.data(), values[i].data(), dst.size());
+    });
+}
+
 template <class Cfg, class Net, class Comm>
-int train(const options& o, tessera::comm::mpi& world, Comm& comm, const device_usage& usage,
+int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, const device_usage& usage,
           std::size_t blas_workspace = 0) {
   using namespace tessera;
   using Wrapper = data_parallel_t<Cfg>;
   using B = typename Cfg::backend_type;
+  options o = o_in;
   const int N = world.size(), r = world.rank();
   const model_shape shape{o.layers, o.d, o.ctx};
-  const corpus data(o.data, o.seed, o.ctx);
 
   memory_of<B>().reset_peak();
   Wrapper model(comm);
@@ -50,6 +73,35 @@ int train(const options& o, tessera::comm::mpi& world, Comm& comm, const device_
                        optimizer_options{.clip_norm = o.clip});
   if (o.warmup > 0)
     opt.set_schedule([w = o.warmup](long step, double lr) { return lr * std::min(1.0, double(step) / w); });
+
+  // Resume: weights and optimizer state from any strategy and world size; the
+  // data stream continues where it stopped (batches are a function of seed and step).
+  long first_step = 0;
+  if (!o.load.empty()) {
+    const auto got = checkpoint::load(opt, o.load);
+    const auto& x = got.extra;
+    if (!x.contains("next_step") || !x.contains("seed") || !x.contains("tokens") || !x.contains("accum"))
+      detail::fail("checkpoint '" + got.path.string() + "' was not written by tessera-mlp-lm (no data position)");
+    if (x["tokens"].template get<long>() != o.tokens || x["accum"].template get<int>() != o.accum)
+      detail::fail("checkpoint '" + got.path.string() + "' was trained with --tokens " + std::to_string(x["tokens"].template get<long>()) +
+                   " --accum " + std::to_string(x["accum"].template get<int>()) + "; resume with the same to continue its data stream");
+    first_step = x["next_step"].template get<long>();
+    o.seed = x["seed"].template get<std::uint64_t>();
+    if (r == 0 && !o.json)
+      std::printf("tessera-mlp-lm: resumed from %s (step %ld, written by %d rank%s with %s)\n", got.path.c_str(),
+                  first_step, got.world, got.world == 1 ? "" : "s", got.strategy.c_str());
+  }
+  const corpus data(o.data, o.seed, o.ctx);
+  auto save = [&](long next_step) {
+    checkpoint::save_options so;
+    so.keep = o.keep;
+    so.extra = {{"next_step", next_step}, {"seed", o.seed}, {"tokens", o.tokens}, {"accum", o.accum}, {"data", o.data}};
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto dir = checkpoint::save(opt, o.save, next_step, so);
+    if (r == 0 && !o.json)
+      std::printf("tessera-mlp-lm: saved %s in %.2f s\n", dir.c_str(),
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  };
 
   // The global micro-batch is split into contiguous, possibly uneven slices.
   const long per_mb = o.tokens / o.accum;
@@ -82,8 +134,9 @@ int train(const options& o, tessera::comm::mpi& world, Comm& comm, const device_
                 double(est.activations + est.blas_workspace) / (1 << 20));
   double final_loss = 0, total_s = 0;
   long timed_steps = 0;
-  if (o.steps > 0) sample(cur, 0, 0);
-  for (long step = 0; step < o.steps; ++step) {
+  if (first_step < o.steps) sample(cur, first_step, 0);
+  long last_saved = -1;
+  for (long step = first_step; step < o.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     for (int mb = 0; mb < o.accum; ++mb) {
       model.begin_micro_batch(mb, o.accum);
@@ -98,7 +151,8 @@ int train(const options& o, tessera::comm::mpi& world, Comm& comm, const device_
     comm::all_reduce(world, std::span<double>(&loss, 1), comm::reduce_op::sum);
     loss /= double(o.tokens);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (step > 0 || o.steps == 1) {  // the first step pays for set-up (cuBLASLt's search, first touches)
+    if (!o.save.empty() && o.save_every > 0 && (step + 1) % o.save_every == 0) save(last_saved = step + 1);
+    if (step > first_step || o.steps == first_step + 1) {  // the first step pays for set-up (cuBLASLt's search, first touches)
       total_s += s;
       ++timed_steps;
     }
@@ -120,6 +174,8 @@ int train(const options& o, tessera::comm::mpi& world, Comm& comm, const device_
       std::fflush(stdout);
     }
   }
+  if (!o.save.empty() && last_saved != o.steps && o.steps > first_step) save(o.steps);
+  if (!o.dump_weights.empty()) dump_weights(model, o.dump_weights);
   // Peaks over all ranks: the busiest rank is what a machine must hold.
   std::int64_t peak[2] = {std::int64_t(memory_of<B>().peak()), std::int64_t(usage.used())};
   comm::all_reduce(world, std::span<std::int64_t>(peak, 2), comm::reduce_op::max);

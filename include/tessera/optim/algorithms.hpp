@@ -20,6 +20,8 @@ struct adamw {
   using tessera_algorithm = void;
   static constexpr int state_count = 2;  // m, v
   static constexpr std::string_view name = "adamw";
+  //! State names, as PyTorch's state_dict calls them (checkpoints use them).
+  static constexpr std::string_view state_names[state_count] = {"exp_avg", "exp_avg_sq"};
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
 };
 
@@ -28,6 +30,7 @@ struct sgd {
   using tessera_algorithm = void;
   static constexpr int state_count = 1;  // momentum buffer
   static constexpr std::string_view name = "sgd";
+  static constexpr std::string_view state_names[state_count] = {"momentum_buffer"};
   double lr = 1e-2, momentum = 0.0, weight_decay = 0.0;
   bool nesterov = false;
 };

@@ -87,6 +87,15 @@ public:
   //! The learning rate at step s (1-based): schedule(s, base lr) if set, else the base.
   void set_schedule(std::function<double(long step, double base_lr)> f) { schedule_ = std::move(f); }
   [[nodiscard]] long steps() const noexcept { return step_; }
+  //! Sets the step counters (bias correction, schedule) when resuming from a checkpoint.
+  void restore_counters(long steps, long skipped) {
+    TESSERA_CHECK(steps >= 0 && skipped >= 0, "restore_counters(", steps, ", ", skipped, ")");
+    step_ = steps;
+    skipped_ = skipped;
+  }
+  using algorithm_type = Algorithm;
+  using wrapper_type = Wrapper;
+  [[nodiscard]] engine_type& engine() noexcept { return e_; }
   [[nodiscard]] long skipped_steps() const noexcept { return skipped_; }
   [[nodiscard]] const Algorithm& hyper_parameters() const noexcept { return hp_; }
   //! State k of unit u over this rank's optimizer range (m = 0, v = 1 for AdamW).

@@ -1,0 +1,410 @@
+#pragma once
+//! \file Sharded checkpoints: save and load a wrapper's main weights and its
+//! ShardedOptimizer's state, on either backend, into and from any world size
+//! and strategy.
+//!
+//! Layout under a root directory:
+//!   ROOT/step-000001200/rank-00002-of-00004.safetensors   each rank's pieces
+//!   ROOT/step-000001200/index.json                        written last
+//! Rank r writes the part of every tensor that lies in its shard of the flat
+//! unit layout (shard = 1/N of the padded unit, whatever the strategy), for
+//! the main weights and each optimizer state, as 1-D safetensors entries
+//! "unit.tensor/state". The index says which elements each entry holds.
+//!
+//! Atomic: everything is written into ROOT/.tmp-step-..., each file synced,
+//! the index written (synced) last, then the directory renamed into place and
+//! ROOT synced; a crash or a full disk at any point leaves earlier
+//! checkpoints as they were and no step-* directory without an index.
+//!
+//! Verified: a load checks the index, each file's size and safetensors
+//! header against the index, the checksum of every byte range it reads, and
+//! the model's tensors, shapes and dtypes against the index; each rank reads
+//! only the pieces overlapping its own optimizer range, all ranks agree that
+//! every check passed, and only then is the model touched.
+//!
+//! Save and load are collective over the wrapper's communicator; the ranks
+//! must see one shared file system.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tessera/backend/ops.hpp"
+#include "tessera/checkpoint/directory.hpp"
+#include "tessera/checkpoint/index.hpp"
+#include "tessera/checkpoint/io.hpp"
+#include "tessera/checkpoint/safetensors.hpp"
+#include "tessera/comm/communicator.hpp"
+#include "tessera/core/checksum.hpp"
+#include "tessera/optim/sharded_optimizer.hpp"
+
+namespace tessera::checkpoint {
+
+struct save_options {
+  int keep = 0;  //!< keep the newest `keep` complete checkpoints under the root (0: all)
+  nlohmann::json extra = nlohmann::json::object();  //!< the trainer's own state, returned by load
+};
+
+//! What load() found.
+struct load_result {
+  fs::path path;
+  long step = 0;
+  int world = 0;
+  std::string strategy;
+  nlohmann::json extra;
+};
+
+namespace detail {
+
+// Test hook: TESSERA_CHECKPOINT_CRASH=<point>[:<n>] ends the process the n-th
+// time (default the first) a save reaches <point>, as a kill would.
+inline void crash_point(const char* where) {
+  static std::map<std::string, int> seen;
+  const char* e = std::getenv("TESSERA_CHECKPOINT_CRASH");
+  if (!e) return;
+  const std::string spec = e, point = spec.substr(0, spec.find(':'));
+  const int nth = spec.find(':') == std::string::npos ? 1 : std::atoi(spec.c_str() + spec.find(':') + 1);
+  if (point == where && ++seen[point] == nth) {
+    std::fprintf(stderr, "tessera: TESSERA_CHECKPOINT_CRASH=%s: exiting in the middle of a save\n", where);
+    std::_Exit(86);
+  }
+}
+
+// One entry of a rank file: a tensor's piece for one state.
+struct planned_entry {
+  std::size_t unit = 0, tensor = 0;
+  int state = 0;
+  piece p;
+  std::uint64_t begin = 0, end = 0;  // bytes, relative to the data section
+};
+
+// What rank r writes, in file order: unit by unit, state by state, tensor by tensor.
+template <class M>
+std::vector<planned_entry> plan_rank(const std::vector<unit_layout>& layouts, int r, int states) {
+  std::vector<planned_entry> out;
+  std::uint64_t at = 0;
+  for (std::size_t u = 0; u < layouts.size(); ++u)
+    for (int s = 0; s < states; ++s)
+      for (std::size_t t = 0; t < layouts[u].tensors().size(); ++t) {
+        const piece p = layouts[u].piece_of(t, r);
+        if (p.empty()) continue;
+        const std::uint64_t bytes = p.count * sizeof(M);
+        out.push_back({u, t, s, p, at, at + bytes});
+        at += bytes;
+      }
+  return out;
+}
+
+inline std::string key_of(const unit_layout& L, std::size_t t) { return L.name() + "." + L.tensors()[t].spec.name; }
+
+// Every rank learns whether every rank succeeded; the failing ones rethrow their own error.
+template <class Engine>
+void agree(Engine& e, const std::string& error_here, const char* what) {
+  std::int64_t bad = error_here.empty() ? 0 : 1;
+  e.all_reduce_host(std::span<std::int64_t>(&bad, 1), comm::reduce_op::max);
+  if (!error_here.empty()) tessera::detail::fail(error_here);
+  if (bad) tessera::detail::fail(std::string(what) + " failed on another rank (see its error); nothing was changed here");
+}
+
+inline std::string message_of(const std::exception& ex) {
+  std::string m = ex.what();
+  return m.rfind("tessera: ", 0) == 0 ? m.substr(9) : m;
+}
+
+}  // namespace detail
+
+//! Saves the model's main weights and the optimizer's state as checkpoint
+//! `step` under root (collective). Returns the checkpoint's directory.
+template <class Opt>
+fs::path save(Opt& opt, const fs::path& root, long step, const save_options& o = {}) {
+  using Wrapper = typename Opt::wrapper_type;
+  using Alg = typename Opt::algorithm_type;
+  using M = typename Wrapper::main_type;
+  using ops = backend_ops<typename Wrapper::backend_type>;
+  auto& e = opt.engine();
+  const int r = e.rank(), N = e.world(), S = 1 + Alg::state_count;
+  const auto& layouts = e.layouts();
+  const fs::path final_dir = step_dir(root, step), tmp = root / (".tmp-" + final_dir.filename().string());
+  TESSERA_CHECK(step >= 0, "checkpoint::save: step ", step, " is negative");
+
+  std::string err;
+  if (r == 0) {
+    try {
+      std::error_code ec;
+      fs::create_directories(root, ec);
+      if (ec) io_fail("cannot create", root.string(), ec.value());
+      fs::remove_all(tmp, ec);  // a save that crashed earlier
+      if (!fs::create_directory(tmp, ec) || ec) io_fail("cannot create", tmp.string(), ec ? ec.value() : EEXIST);
+    } catch (const std::exception& ex) {
+      err = detail::message_of(ex);
+    }
+  }
+  detail::agree(e, err, "checkpoint::save (creating the directory)");
+
+  // This rank's file: header, then each piece of each state, checksummed as written.
+  const auto mine = detail::plan_rank<M>(layouts, r, S);
+  std::vector<std::int64_t> sums(mine.size() + 2, 0);  // per entry, file checksum, file bytes
+  try {
+    std::vector<st_entry> entries;
+    for (const auto& pe : mine) {
+      const auto& L = layouts[pe.unit];
+      entries.push_back({detail::key_of(L, pe.tensor) + "/" + (pe.state == 0 ? "main" : std::string(Alg::state_names[pe.state - 1])),
+                         std::string(dtype_name<M>()), {std::int64_t(pe.p.count)}, pe.begin, pe.end});
+    }
+    const std::string header = make_safetensors_header(
+        entries, {{"format", "tessera"}, {"rank", std::to_string(r)}, {"world", std::to_string(N)}, {"step", std::to_string(step)}});
+    out_file f((tmp / rank_file(r, N)).string());
+    checksum64 whole;
+    f.write(header.data(), header.size());
+    whole.update(header.data(), header.size());
+    std::vector<M> host;
+    std::size_t k = 0;
+    for (std::size_t u = 0; u < layouts.size(); ++u) {
+      const auto& L = layouts[u];
+      const auto [lo, n] = e.opt_range(u);
+      const std::size_t sb = L.shard_begin(r) - lo;  // this rank's shard inside its optimizer range
+      for (int s = 0; s < S; ++s) {
+        if (k >= mine.size() || mine[k].unit != u || mine[k].state != s) continue;
+        std::span<M> src = s == 0 ? e.main_weights(u) : opt.state(u, s - 1);
+        host.resize(L.shard_numel());
+        ops::copy_to_host(std::span<M>(host), std::span<const M>(src.subspan(sb, L.shard_numel())));
+        for (; k < mine.size() && mine[k].unit == u && mine[k].state == s; ++k) {
+          const auto& pe = mine[k];
+          const void* p = host.data() + pe.p.shard_begin;
+          const std::size_t bytes = pe.p.count * sizeof(M);
+          f.write(p, bytes);
+          whole.update(p, bytes);
+          sums[k] = std::int64_t(checksum64::of(p, bytes));
+        }
+      }
+    }
+    detail::crash_point("before-sync");
+    f.sync_and_close();
+    sums[mine.size()] = std::int64_t(whole.digest());
+    sums[mine.size() + 1] = std::int64_t(f.written());
+  } catch (const std::exception& ex) {
+    err = detail::message_of(ex);
+  }
+  if (!err.empty() && r == 0) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+  }
+  detail::agree(e, err, "checkpoint::save (writing rank files)");
+  detail::crash_point("after-files");
+
+  // Every rank's checksums to every rank (padded to the longest plan).
+  std::vector<std::vector<detail::planned_entry>> plans(static_cast<std::size_t>(N));
+  std::size_t widest = 0;
+  for (int q = 0; q < N; ++q) widest = std::max(widest, (plans[std::size_t(q)] = detail::plan_rank<M>(layouts, q, S)).size());
+  std::vector<std::int64_t> local(widest + 2, 0), all((widest + 2) * std::size_t(N));
+  std::copy(sums.begin(), sums.end() - 2, local.begin());
+  local[widest] = sums[mine.size()];
+  local[widest + 1] = sums[mine.size() + 1];
+  e.all_gather_host(std::span<const std::int64_t>(local), std::span<std::int64_t>(all));
+
+  if (r == 0) {
+    try {
+      index x;
+      x.step = step;
+      x.world = N;
+      x.strategy = std::string(Wrapper::strategy::name);
+      x.wrapper = std::string(Wrapper::config::wrapper::name);
+      x.optimizer = std::string(Alg::name);
+      x.optimizer_steps = opt.steps();
+      x.optimizer_skipped = opt.skipped_steps();
+      x.states.push_back("main");
+      for (int s = 0; s + 1 < S; ++s) x.states.emplace_back(Alg::state_names[s]);
+      x.extra = o.extra;
+      for (int q = 0; q < N; ++q) {
+        const std::int64_t* rs = all.data() + (widest + 2) * std::size_t(q);
+        x.files.push_back({rank_file(q, N), std::uint64_t(rs[widest + 1]), std::uint64_t(rs[widest])});
+      }
+      for (std::size_t u = 0; u < layouts.size(); ++u)
+        for (std::size_t t = 0; t < layouts[u].tensors().size(); ++t) {
+          auto& ti = x.tensors[detail::key_of(layouts[u], t)];
+          ti.shape = layouts[u].tensors()[t].spec.shape.extents();
+          ti.dtype = std::string(dtype_name<M>());
+        }
+      for (int q = 0; q < N; ++q) {
+        const auto& plan = plans[std::size_t(q)];
+        const std::int64_t* rs = all.data() + (widest + 2) * std::size_t(q);
+        // The data section starts after the header, whose size we recompute as rank q did.
+        std::vector<st_entry> entries;
+        for (const auto& pe : plan)
+          entries.push_back({detail::key_of(layouts[pe.unit], pe.tensor) + "/" + x.states[std::size_t(pe.state)],
+                             std::string(dtype_name<M>()), {std::int64_t(pe.p.count)}, pe.begin, pe.end});
+        const std::uint64_t data_start = make_safetensors_header(
+            entries, {{"format", "tessera"}, {"rank", std::to_string(q)}, {"world", std::to_string(N)}, {"step", std::to_string(step)}}).size();
+        for (std::size_t i = 0; i < plan.size(); ++i) {
+          const auto& pe = plan[i];
+          auto& ti = x.tensors[detail::key_of(layouts[pe.unit], pe.tensor)];
+          if (pe.state == 0) ti.pieces.push_back({q, pe.p.tensor_begin, pe.p.count, {}, {}});
+          auto it = std::find_if(ti.pieces.begin(), ti.pieces.end(),
+                                 [&](const piece_info& pi) { return pi.file == q && pi.begin == pe.p.tensor_begin; });
+          it->ranges.push_back({data_start + pe.begin, pe.end - pe.begin, std::uint64_t(rs[i])});
+          it->keys.push_back(entries[i].name);
+        }
+      }
+      detail::crash_point("before-index");
+      write_file_atomic(tmp / index_name, to_json(x).dump(1));
+      sync_dir(tmp);
+      detail::crash_point("before-rename");
+      std::error_code ec;
+      const fs::path old = root / (".old-" + final_dir.filename().string());
+      if (fs::exists(final_dir, ec)) {  // saving the same step again: replace it
+        fs::remove_all(old, ec);
+        fs::rename(final_dir, old, ec);
+        if (ec) io_fail("cannot move aside", final_dir.string(), ec.value());
+      }
+      fs::rename(tmp, final_dir, ec);
+      if (ec) io_fail("cannot rename into place", final_dir.string(), ec.value());
+      sync_dir(root);
+      fs::remove_all(old, ec);
+      if (o.keep > 0) {  // older ones go only now that a newer one is complete
+        auto done = complete_checkpoints(root);
+        for (std::size_t i = 0; i + std::size_t(o.keep) < done.size(); ++i) fs::remove_all(done[i].second, ec);
+      }
+    } catch (const std::exception& ex) {
+      err = detail::message_of(ex);
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
+    }
+  }
+  detail::agree(e, err, "checkpoint::save (index)");
+  return final_dir;
+}
+
+//! Loads the checkpoint `dir` names (itself, or the newest complete one under
+//! it) into the model and optimizer, whatever strategy and world size wrote
+//! it (collective). Either every rank's model and optimizer are replaced, or,
+//! after an error on any rank, none is touched.
+template <class Opt>
+load_result load(Opt& opt, const fs::path& dir) {
+  using Wrapper = typename Opt::wrapper_type;
+  using Alg = typename Opt::algorithm_type;
+  using M = typename Wrapper::main_type;
+  using ops = backend_ops<typename Wrapper::backend_type>;
+  auto& e = opt.engine();
+  const int S = 1 + Alg::state_count;
+  const auto& layouts = e.layouts();
+
+  load_result res;
+  std::string err;
+  // Staged values: per unit, per state, this rank's optimizer range.
+  std::vector<std::vector<std::vector<M>>> staged(layouts.size());
+  index x;
+  try {
+    const auto found = resolve(dir);
+    if (!found) tessera::detail::fail("checkpoint: no complete checkpoint at or under '" + dir.string() + "'");
+    res.path = *found;
+    const std::string where = "checkpoint '" + res.path.string() + "'";
+    x = parse_index(read_small_file(res.path / index_name, std::uint64_t(1) << 30), where + " " + index_name);
+    // The model against the index, both ways.
+    std::vector<std::string> want{"main"};
+    for (int s = 0; s + 1 < S; ++s) want.emplace_back(Alg::state_names[s]);
+    if (x.states != want)
+      tessera::detail::fail(where + " holds optimizer '" + x.optimizer + "' state; this optimizer is '" +
+                            std::string(Alg::name) + "'");
+    std::size_t model_tensors = 0;
+    for (const auto& L : layouts)
+      for (std::size_t t = 0; t < L.tensors().size(); ++t, ++model_tensors) {
+        const std::string key = detail::key_of(L, t);
+        const auto it = x.tensors.find(key);
+        if (it == x.tensors.end()) tessera::detail::fail(where + " has no tensor '" + key + "', which the model has");
+        if (it->second.shape != L.tensors()[t].spec.shape.extents())
+          tessera::detail::fail(where + ": tensor '" + key + "' has shape " + nlohmann::json(it->second.shape).dump() +
+                                " there and " + L.tensors()[t].spec.shape.str() + " in the model");
+        if (it->second.dtype != dtype_name<M>())
+          tessera::detail::fail(where + ": tensor '" + key + "' is " + it->second.dtype + " there; the model's main weights are " +
+                                std::string(dtype_name<M>()));
+      }
+    if (x.tensors.size() != model_tensors)
+      for (const auto& [key, ti] : x.tensors) {
+        bool known = false;
+        for (const auto& L : layouts)
+          for (std::size_t t = 0; t < L.tensors().size(); ++t) known = known || detail::key_of(L, t) == key;
+        if (!known) tessera::detail::fail(where + " has tensor '" + key + "', which the model lacks");
+      }
+    // Read what overlaps this rank's optimizer ranges, checking as we go.
+    std::map<int, in_file> files;
+    std::map<int, st_header> headers;
+    auto file = [&](int q) -> const in_file& {
+      auto it = files.find(q);
+      if (it != files.end()) return it->second;
+      const auto& fi = x.files.at(std::size_t(q));
+      const fs::path p = res.path / fi.name;
+      std::error_code ec;
+      if (!fs::exists(p, ec)) tessera::detail::fail(where + ": file '" + fi.name + "' is missing");
+      in_file f(p.string());
+      if (f.size() != fi.bytes)
+        tessera::detail::fail(where + ": file '" + fi.name + "' is " + std::to_string(f.size()) + " bytes; the index says " +
+                              std::to_string(fi.bytes) + " (truncated or replaced)");
+      std::vector<unsigned char> head(std::size_t(std::min<std::uint64_t>(f.size(), 8)));
+      f.read(0, head.data(), head.size());
+      std::uint64_t n = 0;
+      for (int i = std::int64_t(head.size()) - 1; i >= 0; --i) n = (n << 8) | head[std::size_t(i)];
+      head.resize(std::size_t(std::min<std::uint64_t>(f.size(), 8 + std::min(n, max_header_bytes))));
+      f.read(0, head.data(), head.size());
+      headers[q] = parse_safetensors_header(head, f.size(), where + ": file '" + fi.name + "'");
+      return files.emplace(q, std::move(f)).first->second;
+    };
+    std::vector<unsigned char> buf;
+    for (std::size_t u = 0; u < layouts.size(); ++u) {
+      const auto& L = layouts[u];
+      const auto [lo, n] = e.opt_range(u);
+      staged[u].assign(std::size_t(S), std::vector<M>(n, M{}));
+      for (std::size_t t = 0; t < L.tensors().size(); ++t) {
+        const auto& slot = L.tensors()[t];
+        const std::size_t a = std::max(slot.offset, lo), b = std::min(slot.offset + slot.numel, lo + n);
+        if (a >= b) continue;
+        const std::uint64_t ta = a - slot.offset, tb = b - slot.offset;  // tensor elements wanted
+        const std::string key = detail::key_of(L, t);
+        for (const auto& pi : x.tensors.at(key).pieces) {
+          const std::uint64_t pa = std::max<std::uint64_t>(pi.begin, ta), pb = std::min<std::uint64_t>(pi.begin + pi.count, tb);
+          if (pa >= pb) continue;
+          const in_file& f = file(pi.file);
+          const st_header& h = headers.at(pi.file);
+          for (int s = 0; s < S; ++s) {
+            const byte_range& br = pi.ranges[std::size_t(s)];
+            const st_entry* se = h.find(pi.keys[std::size_t(s)]);
+            if (!se || se->dtype != dtype_name<M>() || h.data_start + se->begin != br.offset || se->end - se->begin != br.bytes)
+              tessera::detail::fail(where + ": file '" + x.files[std::size_t(pi.file)].name + "' does not hold '" +
+                                    pi.keys[std::size_t(s)] + "' where the index says");
+            buf.resize(std::size_t(br.bytes));
+            f.read(br.offset, buf.data(), buf.size());
+            if (checksum64::of(buf.data(), buf.size()) != br.checksum)
+              tessera::detail::fail(where + ": checksum mismatch in file '" + x.files[std::size_t(pi.file)].name +
+                                    "', tensor '" + pi.keys[std::size_t(s)] + "' (the file is damaged)");
+            std::memcpy(staged[u][std::size_t(s)].data() + (slot.offset + pa - lo),
+                        buf.data() + (pa - pi.begin) * sizeof(M), std::size_t(pb - pa) * sizeof(M));
+          }
+        }
+      }
+    }
+  } catch (const std::exception& ex) {
+    err = detail::message_of(ex);
+  }
+  detail::agree(e, err, "checkpoint::load");
+  // Every rank has everything it needs: now, and only now, the model changes.
+  for (std::size_t u = 0; u < layouts.size(); ++u) {
+    ops::copy_from_host(e.main_weights(u), std::span<const M>(staged[u][0]));
+    for (int s = 1; s < S; ++s) ops::copy_from_host(opt.state(u, s - 1), std::span<const M>(staged[u][std::size_t(s)]));
+  }
+  opt.restore_counters(x.optimizer_steps, x.optimizer_skipped);
+  e.zero_grad();
+  e.publish_weights(/*converted=*/false);
+  res.step = x.step;
+  res.world = x.world;
+  res.strategy = x.strategy;
+  res.extra = x.extra;
+  return res;
+}
+
+}  // namespace tessera::checkpoint

@@ -1,0 +1,53 @@
+#pragma once
+//! \file Where checkpoints live under a root directory, and which is newest.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tessera/checkpoint/index.hpp"
+#include "tessera/checkpoint/io.hpp"
+
+namespace tessera::checkpoint {
+
+[[nodiscard]] inline fs::path step_dir(const fs::path& root, long step) {
+  char b[32];
+  std::snprintf(b, sizeof b, "step-%09ld", step);
+  return root / b;
+}
+[[nodiscard]] inline std::string rank_file(int r, int world) {
+  char b[64];
+  std::snprintf(b, sizeof b, "rank-%05d-of-%05d.safetensors", r, world);
+  return b;
+}
+
+//! Complete checkpoints (a step-* directory holding an index) under root, oldest first.
+[[nodiscard]] inline std::vector<std::pair<long, fs::path>> complete_checkpoints(const fs::path& root) {
+  std::vector<std::pair<long, fs::path>> out;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return out;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind("step-", 0) != 0 || !e.is_directory(ec) || !fs::exists(e.path() / index_name, ec)) continue;
+    char* end = nullptr;
+    const long s = std::strtol(n.c_str() + 5, &end, 10);
+    if (end && *end == '\0' && s >= 0) out.emplace_back(s, e.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+//! The checkpoint `dir` names: itself if it holds an index, else the newest complete one under it.
+[[nodiscard]] inline std::optional<fs::path> resolve(const fs::path& dir) {
+  std::error_code ec;
+  if (fs::exists(dir / index_name, ec)) return dir;
+  auto all = complete_checkpoints(dir);
+  if (all.empty()) return std::nullopt;
+  return all.back().second;
+}
+
+}  // namespace tessera::checkpoint

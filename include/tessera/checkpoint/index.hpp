@@ -1,0 +1,198 @@
+#pragma once
+//! \file The index of a sharded checkpoint (index.json, written last): for
+//! every tensor its global shape and dtype and which byte ranges of which
+//! rank file hold which of its elements, for each state (main weights and
+//! each optimizer state); who wrote it (step, strategy, world size); and the
+//! size and checksum of every file and of every byte range. Parsing treats
+//! the file as untrusted: every field is type- and range-checked.
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tessera/checkpoint/safetensors.hpp"
+#include "tessera/core/checksum.hpp"
+#include "tessera/core/error.hpp"
+
+namespace tessera::checkpoint {
+
+constexpr int index_version = 1;
+constexpr const char* index_name = "index.json";
+
+struct byte_range {
+  std::uint64_t offset = 0, bytes = 0;  //!< absolute in the file
+  std::uint64_t checksum = 0;
+};
+struct piece_info {
+  int file = 0;
+  std::uint64_t begin = 0, count = 0;  //!< elements [begin, begin + count) of the flattened tensor
+  std::vector<byte_range> ranges;      //!< one per state, in index.states order
+  std::vector<std::string> keys;       //!< the safetensors entry of each state
+};
+struct tensor_info {
+  std::vector<std::int64_t> shape;
+  std::string dtype;
+  std::vector<piece_info> pieces;
+  [[nodiscard]] std::uint64_t numel() const {
+    std::uint64_t n = 1;
+    for (auto s : shape) n *= std::uint64_t(s);
+    return n;
+  }
+};
+struct file_info {
+  std::string name;
+  std::uint64_t bytes = 0, checksum = 0;
+};
+struct index {
+  long step = 0, optimizer_steps = 0, optimizer_skipped = 0;
+  int world = 1;
+  std::string strategy, wrapper, optimizer;
+  std::vector<std::string> states;  //!< "main", then the optimizer's state names
+  std::vector<file_info> files;
+  std::map<std::string, tensor_info> tensors;  //!< by "unit.tensor"
+  nlohmann::json extra = nlohmann::json::object();  //!< the trainer's own state (data position, seed)
+};
+
+inline nlohmann::json to_json(const index& x) {
+  nlohmann::json files = nlohmann::json::array(), tensors = nlohmann::json::object();
+  for (const auto& f : x.files)
+    files.push_back({{"name", f.name}, {"bytes", f.bytes}, {"checksum", checksum64::to_hex(f.checksum)}});
+  for (const auto& [name, t] : x.tensors) {
+    nlohmann::json pieces = nlohmann::json::array();
+    for (const auto& p : t.pieces) {
+      nlohmann::json ranges = nlohmann::json::array();
+      for (std::size_t s = 0; s < p.ranges.size(); ++s)
+        ranges.push_back({{"key", p.keys[s]}, {"offset", p.ranges[s].offset}, {"bytes", p.ranges[s].bytes},
+                          {"checksum", checksum64::to_hex(p.ranges[s].checksum)}});
+      pieces.push_back({{"file", p.file}, {"begin", p.begin}, {"count", p.count}, {"ranges", ranges}});
+    }
+    tensors[name] = {{"shape", t.shape}, {"dtype", t.dtype}, {"pieces", pieces}};
+  }
+  return {{"format", "tessera-checkpoint"}, {"version", index_version}, {"step", x.step},
+          {"strategy", x.strategy},         {"wrapper", x.wrapper},     {"world", x.world},
+          {"optimizer", x.optimizer},       {"optimizer_steps", x.optimizer_steps},
+          {"optimizer_skipped", x.optimizer_skipped}, {"states", x.states}, {"files", files},
+          {"tensors", tensors},             {"extra", x.extra}};
+}
+
+namespace detail {
+inline std::uint64_t parse_hex64(const nlohmann::json& v, const std::string& what) {
+  if (!v.is_string() || v.get<std::string>().size() != 16) tessera::detail::fail(what + ": checksum is not 16 hex digits");
+  std::uint64_t r = 0;
+  for (char c : v.get<std::string>()) {
+    int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+    if (d < 0) tessera::detail::fail(what + ": checksum is not 16 hex digits");
+    r = (r << 4) | std::uint64_t(d);
+  }
+  return r;
+}
+inline std::uint64_t get_u64(const nlohmann::json& j, const char* key, const std::string& what,
+                             std::uint64_t max = std::uint64_t(1) << 62) {
+  if (!j.is_object() || !j.contains(key) || !j[key].is_number_unsigned() || j[key].get<std::uint64_t>() > max)
+    tessera::detail::fail(what + ": '" + key + "' missing or not an unsigned integer <= " + std::to_string(max));
+  return j[key].get<std::uint64_t>();
+}
+inline std::string get_str(const nlohmann::json& j, const char* key, const std::string& what) {
+  if (!j.is_object() || !j.contains(key) || !j[key].is_string())
+    tessera::detail::fail(what + ": '" + key + "' missing or not a string");
+  return j[key].get<std::string>();
+}
+}  // namespace detail
+
+//! Parses and checks an index (text from index.json); `what` names it in errors.
+inline index parse_index(std::string_view text, const std::string& what) {
+  using detail::get_str;
+  using detail::get_u64;
+  const auto j = parse_json(text, what);
+  if (!j.is_object() || get_str(j, "format", what) != "tessera-checkpoint")
+    tessera::detail::fail(what + ": not a tessera checkpoint index");
+  if (get_u64(j, "version", what) != index_version)
+    tessera::detail::fail(what + ": index version " + std::to_string(get_u64(j, "version", what)) + ", this build reads " +
+                          std::to_string(index_version));
+  index x;
+  x.step = long(get_u64(j, "step", what));
+  x.world = int(get_u64(j, "world", what, 1 << 24));
+  if (x.world < 1) tessera::detail::fail(what + ": world 0");
+  x.strategy = get_str(j, "strategy", what);
+  x.wrapper = get_str(j, "wrapper", what);
+  x.optimizer = get_str(j, "optimizer", what);
+  x.optimizer_steps = long(get_u64(j, "optimizer_steps", what));
+  x.optimizer_skipped = long(get_u64(j, "optimizer_skipped", what));
+  if (!j.contains("states") || !j["states"].is_array() || j["states"].empty() || j["states"].size() > 16)
+    tessera::detail::fail(what + ": 'states' is not a list of 1 to 16 names");
+  for (const auto& s : j["states"]) {
+    if (!s.is_string()) tessera::detail::fail(what + ": a state name is not a string");
+    x.states.push_back(s.get<std::string>());
+  }
+  if (!j.contains("files") || !j["files"].is_array() || j["files"].size() != std::size_t(x.world))
+    tessera::detail::fail(what + ": 'files' is not a list of one file per rank of the writing world");
+  for (const auto& f : j["files"]) {
+    file_info fi;
+    fi.name = get_str(f, "name", what);
+    if (fi.name.empty() || fi.name.find('/') != std::string::npos || fi.name.find("..") != std::string::npos)
+      tessera::detail::fail(what + ": file name '" + fi.name + "' is not a plain name in the checkpoint directory");
+    fi.bytes = get_u64(f, "bytes", what);
+    fi.checksum = detail::parse_hex64(f.contains("checksum") ? f["checksum"] : nlohmann::json(), what + " file " + fi.name);
+    x.files.push_back(std::move(fi));
+  }
+  if (!j.contains("tensors") || !j["tensors"].is_object()) tessera::detail::fail(what + ": 'tensors' is not an object");
+  for (auto it = j["tensors"].begin(); it != j["tensors"].end(); ++it) {
+    const std::string tw = what + " tensor '" + it.key() + "'";
+    const auto& t = it.value();
+    tensor_info ti;
+    ti.dtype = get_str(t, "dtype", tw);
+    const std::size_t esize = dtype_bytes(ti.dtype);
+    if (esize == 0) tessera::detail::fail(tw + ": unknown dtype '" + ti.dtype + "'");
+    if (!t.contains("shape") || !t["shape"].is_array() || t["shape"].size() > 16)
+      tessera::detail::fail(tw + ": shape is not a list of at most 16 extents");
+    std::uint64_t numel = 1;
+    for (const auto& e : t["shape"]) {
+      if (!e.is_number_unsigned() || e.get<std::uint64_t>() > (std::uint64_t(1) << 48))
+        tessera::detail::fail(tw + ": shape holds a negative or huge extent");
+      const std::uint64_t s = e.get<std::uint64_t>();
+      if (s != 0 && numel > (std::uint64_t(1) << 56) / s) tessera::detail::fail(tw + ": shape product overflows");
+      numel *= s;
+      ti.shape.push_back(std::int64_t(s));
+    }
+    if (!t.contains("pieces") || !t["pieces"].is_array()) tessera::detail::fail(tw + ": 'pieces' is not a list");
+    for (const auto& p : t["pieces"]) {
+      piece_info pi;
+      pi.file = int(get_u64(p, "file", tw, std::uint64_t(x.world - 1)));
+      pi.begin = get_u64(p, "begin", tw, numel);
+      pi.count = get_u64(p, "count", tw, numel - pi.begin);
+      if (!p.contains("ranges") || !p["ranges"].is_array() || p["ranges"].size() != x.states.size())
+        tessera::detail::fail(tw + ": a piece does not have one byte range per state");
+      for (const auto& r : p["ranges"]) {
+        byte_range br;
+        br.offset = get_u64(r, "offset", tw);
+        br.bytes = get_u64(r, "bytes", tw);
+        if (br.bytes != pi.count * esize) tessera::detail::fail(tw + ": a byte range does not match its element count");
+        if (br.offset > x.files[std::size_t(pi.file)].bytes || br.bytes > x.files[std::size_t(pi.file)].bytes - br.offset)
+          tessera::detail::fail(tw + ": a byte range lies outside file '" + x.files[std::size_t(pi.file)].name + "'");
+        br.checksum = detail::parse_hex64(r.contains("checksum") ? r["checksum"] : nlohmann::json(), tw);
+        pi.keys.push_back(get_str(r, "key", tw));
+        pi.ranges.push_back(br);
+      }
+      ti.pieces.push_back(std::move(pi));
+    }
+    // The pieces must cover the tensor exactly once.
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> cover;
+    for (const auto& p : ti.pieces)
+      if (p.count) cover.emplace_back(p.begin, p.count);
+    std::sort(cover.begin(), cover.end());
+    std::uint64_t at = 0;
+    for (auto [b, c] : cover) {
+      if (b != at) tessera::detail::fail(tw + ": its pieces " + (b < at ? "overlap" : "leave a gap") + " at element " + std::to_string(std::min(b, at)));
+      at = b + c;
+    }
+    if (at != numel) tessera::detail::fail(tw + ": its pieces cover " + std::to_string(at) + " of " + std::to_string(numel) + " elements");
+    x.tensors.emplace(it.key(), std::move(ti));
+  }
+  if (j.contains("extra")) x.extra = j["extra"];
+  return x;
+}
+
+}  // namespace tessera::checkpoint

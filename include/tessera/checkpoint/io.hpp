@@ -1,0 +1,140 @@
+#pragma once
+//! \file POSIX file I/O for checkpoints: whole writes with fsync, positioned
+//! reads, directory sync and rename. Every failure is a tessera::error with
+//! the path and the system's reason.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <string>
+
+#include "tessera/core/error.hpp"
+
+namespace tessera::checkpoint {
+
+namespace fs = std::filesystem;
+
+[[noreturn]] inline void io_fail(const std::string& what, const std::string& path, int err) {
+  tessera::detail::fail("checkpoint: " + what + " '" + path + "': " + std::strerror(err));
+}
+
+//! A file being written: whole writes, then sync() (data on disk) and close.
+class out_file {
+public:
+  explicit out_file(std::string path) : path_(std::move(path)) {
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0) io_fail("cannot create", path_, errno);
+  }
+  out_file(const out_file&) = delete;
+  out_file& operator=(const out_file&) = delete;
+  ~out_file() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  void write(const void* data, std::size_t n) {
+    const auto* p = static_cast<const char*>(data);
+    while (n > 0) {
+      const ssize_t w = ::write(fd_, p, n);
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        io_fail("cannot write (disk full?)", path_, errno);
+      }
+      p += w;
+      n -= std::size_t(w);
+      written_ += std::uint64_t(w);
+    }
+  }
+  //! Flushes to the device and closes; the file is durable afterwards.
+  void sync_and_close() {
+    if (::fsync(fd_) != 0) io_fail("cannot sync", path_, errno);
+    const int fd = fd_;
+    fd_ = -1;
+    if (::close(fd) != 0) io_fail("cannot close", path_, errno);
+  }
+  [[nodiscard]] std::uint64_t written() const noexcept { return written_; }
+
+private:
+  std::string path_;
+  int fd_ = -1;
+  std::uint64_t written_ = 0;
+};
+
+//! A file being read at arbitrary offsets.
+class in_file {
+public:
+  explicit in_file(std::string path) : path_(std::move(path)) {
+    fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) io_fail("cannot open", path_, errno);
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0) io_fail("cannot stat", path_, errno);
+    size_ = std::uint64_t(st.st_size);
+  }
+  in_file(const in_file&) = delete;
+  in_file& operator=(const in_file&) = delete;
+  in_file(in_file&& o) noexcept : path_(std::move(o.path_)), fd_(std::exchange(o.fd_, -1)), size_(o.size_) {}
+  ~in_file() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  [[nodiscard]] std::uint64_t size() const noexcept { return size_; }
+  [[nodiscard]] const std::string& path() const noexcept { return path_; }
+  //! Reads exactly n bytes at offset; a range past the end is an error.
+  void read(std::uint64_t offset, void* dst, std::size_t n) const {
+    if (offset > size_ || n > size_ - offset)
+      tessera::detail::fail("checkpoint: '" + path_ + "' is " + std::to_string(size_) + " bytes; bytes [" +
+                            std::to_string(offset) + ", " + std::to_string(offset + n) + ") were expected (truncated?)");
+    auto* p = static_cast<char*>(dst);
+    while (n > 0) {
+      const ssize_t r = ::pread(fd_, p, n, off_t(offset));
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        io_fail("cannot read", path_, errno);
+      }
+      if (r == 0) tessera::detail::fail("checkpoint: '" + path_ + "' ended early (truncated while reading?)");
+      p += r;
+      n -= std::size_t(r);
+      offset += std::uint64_t(r);
+    }
+  }
+
+private:
+  std::string path_;
+  int fd_ = -1;
+  std::uint64_t size_ = 0;
+};
+
+//! Makes a directory's entries (creations, renames) durable.
+inline void sync_dir(const fs::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) io_fail("cannot open directory", dir.string(), errno);
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) io_fail("cannot sync directory", dir.string(), err);
+}
+
+//! Writes a small file durably: to `path.tmp`, synced, renamed over `path`.
+inline void write_file_atomic(const fs::path& path, const std::string& text) {
+  const fs::path tmp = path.string() + ".tmp";
+  out_file f(tmp.string());
+  f.write(text.data(), text.size());
+  f.sync_and_close();
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) io_fail("cannot rename into place", path.string(), ec.value());
+  sync_dir(path.parent_path());
+}
+
+inline std::string read_small_file(const fs::path& path, std::uint64_t limit) {
+  in_file f(path.string());
+  if (f.size() > limit)
+    tessera::detail::fail("checkpoint: '" + path.string() + "' is " + std::to_string(f.size()) + " bytes, over the " +
+                          std::to_string(limit) + "-byte limit for this file");
+  std::string s(std::size_t(f.size()), '\0');
+  f.read(0, s.data(), s.size());
+  return s;
+}
+
+}  // namespace tessera::checkpoint
