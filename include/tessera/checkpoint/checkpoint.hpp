@@ -28,6 +28,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -106,16 +107,11 @@ inline std::string key_of(const unit_layout& L, std::size_t t) { return L.name()
 
 // Every rank learns whether every rank succeeded; the failing ones rethrow their own error.
 template <class Engine>
-void agree(Engine& e, const std::string& error_here, const char* what) {
-  std::int64_t bad = error_here.empty() ? 0 : 1;
+void agree(Engine& e, const std::exception_ptr& error_here, const char* what) {
+  std::int64_t bad = error_here ? 1 : 0;
   e.all_reduce_host(std::span<std::int64_t>(&bad, 1), comm::reduce_op::max);
-  if (!error_here.empty()) tessera::detail::fail(error_here);
+  if (error_here) std::rethrow_exception(error_here);
   if (bad) tessera::detail::fail(std::string(what) + " failed on another rank (see its error); nothing was changed here");
-}
-
-inline std::string message_of(const std::exception& ex) {
-  std::string m = ex.what();
-  return m.rfind("tessera: ", 0) == 0 ? m.substr(9) : m;
 }
 
 }  // namespace detail
@@ -134,7 +130,7 @@ fs::path save(Opt& opt, const fs::path& root, long step, const save_options& o =
   const fs::path final_dir = step_dir(root, step), tmp = root / (".tmp-" + final_dir.filename().string());
   TESSERA_CHECK(step >= 0, "checkpoint::save: step ", step, " is negative");
 
-  std::string err;
+  std::exception_ptr err;
   if (r == 0) {
     try {
       std::error_code ec;
@@ -142,8 +138,8 @@ fs::path save(Opt& opt, const fs::path& root, long step, const save_options& o =
       if (ec) io_fail("cannot create", root.string(), ec.value());
       fs::remove_all(tmp, ec);  // a save that crashed earlier
       if (!fs::create_directory(tmp, ec) || ec) io_fail("cannot create", tmp.string(), ec ? ec.value() : EEXIST);
-    } catch (const std::exception& ex) {
-      err = detail::message_of(ex);
+    } catch (...) {
+      err = std::current_exception();
     }
   }
   detail::agree(e, err, "checkpoint::save (creating the directory)");
@@ -189,10 +185,10 @@ fs::path save(Opt& opt, const fs::path& root, long step, const save_options& o =
     f.sync_and_close();
     sums[mine.size()] = std::int64_t(whole.digest());
     sums[mine.size() + 1] = std::int64_t(f.written());
-  } catch (const std::exception& ex) {
-    err = detail::message_of(ex);
+  } catch (...) {
+    err = std::current_exception();
   }
-  if (!err.empty() && r == 0) {
+  if (err && r == 0) {
     std::error_code ec;
     fs::remove_all(tmp, ec);
   }
@@ -211,7 +207,7 @@ fs::path save(Opt& opt, const fs::path& root, long step, const save_options& o =
 
   if (r == 0) {
     try {
-      index x;
+      index_info x;
       x.step = step;
       x.world = N;
       x.strategy = std::string(Wrapper::strategy::name);
@@ -271,8 +267,8 @@ fs::path save(Opt& opt, const fs::path& root, long step, const save_options& o =
         auto done = complete_checkpoints(root);
         for (std::size_t i = 0; i + std::size_t(o.keep) < done.size(); ++i) fs::remove_all(done[i].second, ec);
       }
-    } catch (const std::exception& ex) {
-      err = detail::message_of(ex);
+    } catch (...) {
+      err = std::current_exception();
       std::error_code ec;
       fs::remove_all(tmp, ec);
     }
@@ -296,10 +292,10 @@ load_result load(Opt& opt, const fs::path& dir) {
   const auto& layouts = e.layouts();
 
   load_result res;
-  std::string err;
+  std::exception_ptr err;
   // Staged values: per unit, per state, this rank's optimizer range.
   std::vector<std::vector<std::vector<M>>> staged(layouts.size());
-  index x;
+  index_info x;
   try {
     const auto found = resolve(dir);
     if (!found) tessera::detail::fail("checkpoint: no complete checkpoint at or under '" + dir.string() + "'");
@@ -388,8 +384,8 @@ load_result load(Opt& opt, const fs::path& dir) {
         }
       }
     }
-  } catch (const std::exception& ex) {
-    err = detail::message_of(ex);
+  } catch (...) {
+    err = std::current_exception();
   }
   detail::agree(e, err, "checkpoint::load");
   // Every rank has everything it needs: now, and only now, the model changes.

@@ -46,7 +46,7 @@ struct file_info {
   std::string name;
   std::uint64_t bytes = 0, checksum = 0;
 };
-struct index {
+struct index_info {
   long step = 0, optimizer_steps = 0, optimizer_skipped = 0;
   int world = 1;
   std::string strategy, wrapper, optimizer;
@@ -56,7 +56,7 @@ struct index {
   nlohmann::json extra = nlohmann::json::object();  //!< the trainer's own state (data position, seed)
 };
 
-inline nlohmann::json to_json(const index& x) {
+inline nlohmann::json to_json(const index_info& x) {
   nlohmann::json files = nlohmann::json::array(), tensors = nlohmann::json::object();
   for (const auto& f : x.files)
     files.push_back({{"name", f.name}, {"bytes", f.bytes}, {"checksum", checksum64::to_hex(f.checksum)}});
@@ -103,7 +103,7 @@ inline std::string get_str(const nlohmann::json& j, const char* key, const std::
 }  // namespace detail
 
 //! Parses and checks an index (text from index.json); `what` names it in errors.
-inline index parse_index(std::string_view text, const std::string& what) {
+inline index_info parse_index(std::string_view text, const std::string& what) {
   using detail::get_str;
   using detail::get_u64;
   const auto j = parse_json(text, what);
@@ -112,7 +112,7 @@ inline index parse_index(std::string_view text, const std::string& what) {
   if (get_u64(j, "version", what) != index_version)
     tessera::detail::fail(what + ": index version " + std::to_string(get_u64(j, "version", what)) + ", this build reads " +
                           std::to_string(index_version));
-  index x;
+  index_info x;
   x.step = long(get_u64(j, "step", what));
   x.world = int(get_u64(j, "world", what, 1 << 24));
   if (x.world < 1) tessera::detail::fail(what + ": world 0");

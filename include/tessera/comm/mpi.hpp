@@ -22,7 +22,7 @@
 #include "tessera/comm/communicator.hpp"
 
 namespace tessera::detail {
-[[noreturn]] inline void throw_mpi_error(int rc, const char* call, std::source_location where) {
+[[noreturn]] inline void throw_mpi_error(int rc, const char* call, ::tessera::source_location where) {
   char text[MPI_MAX_ERROR_STRING] = {};
   int len = 0;
   if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) len = 0;
@@ -182,7 +182,7 @@ private:
   // Names the operation, rank, world size and payload, so a failure on one of
   // many ranks can be told apart in a merged log.
   void check(int rc, const char* what, std::size_t n, dtype t,
-             std::source_location where = std::source_location::current()) const {
+             ::tessera::source_location where = ::tessera::source_location::current()) const {
     if (rc == MPI_SUCCESS) [[likely]] return;
     char text[MPI_MAX_ERROR_STRING] = {};
     int len = 0;

@@ -34,7 +34,7 @@
 
 namespace tessera::detail {
 [[noreturn]] inline void throw_nccl_error(ncclComm_t comm, ncclResult_t rc, const char* call,
-                                          std::source_location where) {
+                                          ::tessera::source_location where) {
   std::string msg = std::string("NCCL call failed: ") + ncclGetErrorString(rc);
   if (comm) {
     const char* last = ncclGetLastError(comm);

@@ -15,11 +15,32 @@
 
 namespace tessera {
 
+#if defined(__cpp_lib_source_location)
+using source_location = std::source_location;
+#else
+//! Where std::source_location is missing (clang 14 with libstdc++, used for
+//! the fuzz target): file and line from the builtins every compiler has.
+struct source_location {
+  static constexpr source_location current(const char* file = __builtin_FILE(), int line = __builtin_LINE()) noexcept {
+    source_location s;
+    s.file_ = file;
+    s.line_ = line;
+    return s;
+  }
+  [[nodiscard]] constexpr const char* file_name() const noexcept { return file_; }
+  [[nodiscard]] constexpr unsigned line() const noexcept { return unsigned(line_); }
+
+private:
+  const char* file_ = "";
+  int line_ = 0;
+};
+#endif
+
 //! The one exception type of the library.
 class error : public std::runtime_error {
 public:
   error(std::string message, std::string call = {}, long long code = 0,
-        std::source_location where = std::source_location::current())
+        ::tessera::source_location where = ::tessera::source_location::current())
       : std::runtime_error(format(message, call, code, where)),
         message_(std::move(message)), call_(std::move(call)), code_(code),
         where_(where) {}
@@ -30,11 +51,11 @@ public:
   [[nodiscard]] const std::string& call() const noexcept { return call_; }
   //! The library's return code (cudaError_t, ncclResult_t, MPI error class), 0 for a check.
   [[nodiscard]] long long code() const noexcept { return code_; }
-  [[nodiscard]] const std::source_location& where() const noexcept { return where_; }
+  [[nodiscard]] const ::tessera::source_location& where() const noexcept { return where_; }
 
 private:
   static std::string format(const std::string& message, const std::string& call, long long code,
-                            const std::source_location& where) {
+                            const ::tessera::source_location& where) {
     std::ostringstream os;
     os << "tessera: " << message;
     if (!call.empty()) os << " [" << call << " returned " << code << "]";
@@ -43,7 +64,7 @@ private:
   }
   std::string message_, call_;
   long long code_;
-  std::source_location where_;
+  ::tessera::source_location where_;
 };
 
 namespace detail {
@@ -55,7 +76,7 @@ std::string concat(const Args&... args) {
 }
 
 [[noreturn]] inline void fail(std::string message,
-                              std::source_location where = std::source_location::current()) {
+                              ::tessera::source_location where = ::tessera::source_location::current()) {
   throw error(std::move(message), {}, 0, where);
 }
 }  // namespace detail
@@ -67,7 +88,7 @@ std::string concat(const Args&... args) {
   do {                                                                            \
     if (!(cond)) [[unlikely]]                                                     \
       ::tessera::detail::fail(::tessera::detail::concat(__VA_ARGS__),             \
-                              std::source_location::current());                  \
+                              ::tessera::source_location::current());                  \
   } while (0)
 
 //! Wraps an MPI call; comm/mpi.hpp defines the handler. Needs MPI_ERRORS_RETURN
@@ -77,7 +98,7 @@ std::string concat(const Args&... args) {
     int tessera_rc_ = (call);                                                     \
     if (tessera_rc_ != 0) [[unlikely]]                                            \
       ::tessera::detail::throw_mpi_error(tessera_rc_, #call,                      \
-                                         std::source_location::current());       \
+                                         ::tessera::source_location::current());       \
   } while (0)
 
 //! Wraps a CUDA runtime call; backend/cuda/error.hpp defines the handler.
@@ -86,7 +107,7 @@ std::string concat(const Args&... args) {
     auto tessera_rc_ = (call);                                                    \
     if (tessera_rc_ != 0) [[unlikely]]                                            \
       ::tessera::detail::throw_cuda_error(tessera_rc_, #call,                     \
-                                          std::source_location::current());      \
+                                          ::tessera::source_location::current());      \
   } while (0)
 
 //! Wraps an NCCL call; comm/nccl.hpp defines the handler.
@@ -95,6 +116,6 @@ std::string concat(const Args&... args) {
     auto tessera_rc_ = (call);                                                    \
     if (tessera_rc_ != 0) [[unlikely]]                                            \
       ::tessera::detail::throw_nccl_error(comm, tessera_rc_, #call,               \
-                                          std::source_location::current());      \
+                                          ::tessera::source_location::current());      \
   } while (0)
 

@@ -13,7 +13,7 @@
 #include "tessera/core/dtype.hpp"
 
 namespace tessera::detail {
-[[noreturn]] inline void throw_cublas_error(cublasStatus_t rc, const char* call, std::source_location where) {
+[[noreturn]] inline void throw_cublas_error(cublasStatus_t rc, const char* call, ::tessera::source_location where) {
   throw error(std::string("cuBLAS call failed: ") + cublasGetStatusName(rc) + ": " + cublasGetStatusString(rc), call,
               static_cast<long long>(rc), where);
 }
@@ -24,7 +24,7 @@ namespace tessera::detail {
   do {                                                                                        \
     const cublasStatus_t tessera_rc_ = (call);                                                \
     if (tessera_rc_ != CUBLAS_STATUS_SUCCESS) [[unlikely]]                                    \
-      ::tessera::detail::throw_cublas_error(tessera_rc_, #call, std::source_location::current()); \
+      ::tessera::detail::throw_cublas_error(tessera_rc_, #call, ::tessera::source_location::current()); \
   } while (0)
 
 namespace tessera::cuda {

@@ -9,7 +9,7 @@
 #include "tessera/core/error.hpp"
 
 namespace tessera::detail {
-[[noreturn]] inline void throw_cuda_error(cudaError_t rc, const char* call, std::source_location where) {
+[[noreturn]] inline void throw_cuda_error(cudaError_t rc, const char* call, ::tessera::source_location where) {
   (void)cudaGetLastError();
   throw error(std::string("CUDA call failed: ") + cudaGetErrorName(rc) + ": " + cudaGetErrorString(rc), call,
               static_cast<long long>(rc), where);

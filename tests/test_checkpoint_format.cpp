@@ -1,0 +1,131 @@
+// The checkpoint file formats on their own: checksums, safetensors headers and
+// checkpoint indexes, including hostile inputs (each a tessera::error naming
+// what is wrong; the fuzz target covers what these examples do not).
+#define BOOST_TEST_MODULE tessera_checkpoint_format
+#include "common/mpi_test_main.hpp"
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tessera/checkpoint/index.hpp"
+#include "tessera/checkpoint/safetensors.hpp"
+#include "tessera/core/checksum.hpp"
+
+using namespace tessera;
+using namespace tessera::checkpoint;
+
+namespace {
+std::vector<unsigned char> file_of(const std::string& json, std::size_t data_bytes) {
+  std::vector<unsigned char> f(8 + json.size() + data_bytes, 0);
+  std::uint64_t n = json.size();
+  for (int i = 0; i < 8; ++i) f[std::size_t(i)] = (n >> (8 * i)) & 0xff;
+  std::memcpy(f.data() + 8, json.data(), json.size());
+  return f;
+}
+template <class F>
+void expect_error(F&& f, const std::string& part) {
+  try {
+    f();
+    BOOST_ERROR("expected a tessera error containing '" << part << "'");
+  } catch (const tessera::error& e) {
+    BOOST_TEST_CONTEXT(e.what()) { BOOST_TEST(std::string(e.what()).find(part) != std::string::npos); }
+  }
+}
+const char* good_index = R"({"format":"tessera-checkpoint","version":1,"step":4,"strategy":"optim","wrapper":"fsdp","world":2,
+ "optimizer":"sgd","optimizer_steps":4,"optimizer_skipped":0,"states":["main","momentum_buffer"],
+ "files":[{"name":"r0","bytes":100,"checksum":"0123456789abcdef"},{"name":"r1","bytes":100,"checksum":"0123456789abcdef"}],
+ "tensors":{"u.w":{"shape":[2,3],"dtype":"F32","pieces":[
+   {"file":0,"begin":0,"count":4,"ranges":[{"key":"u.w/main","offset":40,"bytes":16,"checksum":"00000000000000ff"},
+                                           {"key":"u.w/momentum_buffer","offset":56,"bytes":16,"checksum":"00000000000000ff"}]},
+   {"file":1,"begin":4,"count":2,"ranges":[{"key":"u.w/main","offset":40,"bytes":8,"checksum":"00000000000000ff"},
+                                           {"key":"u.w/momentum_buffer","offset":48,"bytes":8,"checksum":"00000000000000ff"}]}]}},
+ "extra":{"next_step":4}})";
+std::string replaced(std::string s, const std::string& from, const std::string& to) {
+  const auto at = s.find(from);
+  BOOST_REQUIRE(at != std::string::npos);
+  return s.replace(at, from.size(), to);
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(checksum_ignores_how_bytes_are_split_and_sees_one_flipped_bit) {
+  std::vector<unsigned char> b(1003);
+  for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<unsigned char>(splitmix64(i));
+  const auto whole = checksum64::of(b.data(), b.size());
+  for (std::size_t cut : {std::size_t(0), std::size_t(1), std::size_t(7), std::size_t(8), std::size_t(500), b.size()}) {
+    checksum64 c;
+    c.update(b.data(), cut);
+    c.update(b.data() + cut, b.size() - cut);
+    BOOST_TEST(c.digest() == whole);
+  }
+  b[321] ^= 0x04;
+  BOOST_TEST(checksum64::of(b.data(), b.size()) != whole);
+  BOOST_TEST(checksum64::of(b.data(), b.size() - 1) != checksum64::of(b.data(), b.size()));
+}
+
+BOOST_AUTO_TEST_CASE(safetensors_header_round_trip) {
+  const std::vector<st_entry> e{{"a", "F32", {2, 3}, 0, 24}, {"b", "F64", {1}, 24, 32}};
+  const std::string h = make_safetensors_header(e, {{"k", "v"}});
+  BOOST_TEST(h.size() % 8 == 0u);
+  std::vector<unsigned char> f(h.begin(), h.end());
+  f.resize(f.size() + 32);
+  const auto got = parse_safetensors_header(f, f.size(), "t");
+  BOOST_TEST(got.data_start == h.size());
+  BOOST_TEST(got.metadata.at("k") == "v");
+  BOOST_REQUIRE(got.find("b") != nullptr);
+  BOOST_TEST(got.find("b")->begin == 24u);
+  BOOST_TEST((got.find("a")->shape == std::vector<std::int64_t>{2, 3}));
+}
+
+BOOST_AUTO_TEST_CASE(hostile_safetensors_headers_are_rejected) {
+  const std::string t = R"("t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})";
+  const std::pair<std::string, std::string> cases[] = {
+      {"[1,2]", "not a JSON object"},
+      {"{" + t + ",", "not valid JSON"},
+      {R"({"t":{"dtype":"F33","shape":[2],"data_offsets":[0,8]}})", "unknown dtype"},
+      {R"({"t":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", "negative"},
+      {R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,9]}})", "outside"},
+      {R"({"t":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", "8 bytes for 3"},
+      {R"({"t":{"dtype":"F32","shape":[65536,65536,65536,65536],"data_offsets":[0,8]}})", "overflows"},
+      {R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", "outside"},
+      {R"({"t":{"dtype":"F32","shape":[2]}})", "lacks dtype, shape or data_offsets"},
+      {R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", "overlap"},
+      {R"({"__metadata__":{"k":1}})", "is not a string"},
+      {std::string(100, '[') + std::string(100, ']'), "nested deeper"},
+  };
+  for (const auto& [json, why] : cases) {
+    auto f = file_of(json, 8);
+    BOOST_TEST_CONTEXT(json) { expect_error([&] { (void)parse_safetensors_header(f, f.size(), "f"); }, why); }
+  }
+  auto f = file_of("{" + t + "}", 8);
+  expect_error([&] { (void)parse_safetensors_header(std::span(f).first(5), 5, "f"); }, "shorter than");
+  f[7] = 0x7f;  // a header length beyond any file
+  expect_error([&] { (void)parse_safetensors_header(f, f.size(), "f"); }, "over the limit");
+  f[7] = 0;
+  f[0] = 0xff;  // past the end of this file
+  expect_error([&] { (void)parse_safetensors_header(f, f.size(), "f"); }, "runs past the end");
+}
+
+BOOST_AUTO_TEST_CASE(index_round_trip_and_hostile_indexes) {
+  const index_info x = parse_index(good_index, "i");
+  BOOST_TEST(x.world == 2);
+  BOOST_TEST(x.tensors.at("u.w").pieces.size() == 2u);
+  const index_info y = parse_index(to_json(x).dump(), "i");
+  BOOST_TEST(to_json(y).dump() == to_json(x).dump());
+  const std::pair<std::pair<std::string, std::string>, std::string> cases[] = {
+      {{"\"version\":1", "\"version\":7"}, "index version 7"},
+      {{"tessera-checkpoint", "other"}, "not a tessera checkpoint index"},
+      {{"\"name\":\"r1\"", "\"name\":\"../r1\""}, "not a plain name"},
+      {{"\"world\":2", "\"world\":3"}, "one file per rank"},
+      {{"\"begin\":4", "\"begin\":3"}, "overlap"},
+      {{"\"count\":2", "\"count\":1"}, "does not match its element count"},
+      {{"\"offset\":48", "\"offset\":95"}, "outside file"},
+      {{"\"checksum\":\"0123456789abcdef\"", "\"checksum\":\"xyz\""}, "16 hex digits"},
+      {{"\"dtype\":\"F32\"", "\"dtype\":\"F99\""}, "unknown dtype"},
+      {{"\"step\":4", "\"step\":-4"}, "'step' missing or not an unsigned integer"},
+  };
+  for (const auto& [edit, why] : cases) {
+    const std::string text = replaced(good_index, edit.first, edit.second);
+    BOOST_TEST_CONTEXT(edit.second) { expect_error([&] { (void)parse_index(text, "i"); }, why); }
+  }
+}
