@@ -78,7 +78,9 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, const devi
   // data stream continues where it stopped (batches are a function of seed and step).
   long first_step = 0;
   if (!o.load.empty()) {
+    const auto t0 = std::chrono::steady_clock::now();
     const auto got = checkpoint::load(opt, o.load);
+    const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const auto& x = got.extra;
     if (!x.contains("next_step") || !x.contains("seed") || !x.contains("tokens") || !x.contains("accum"))
       detail::fail("checkpoint '" + got.path.string() + "' was not written by tessera-mlp-lm (no data position)");
@@ -88,8 +90,8 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, const devi
     first_step = x["next_step"].template get<long>();
     o.seed = x["seed"].template get<std::uint64_t>();
     if (r == 0 && !o.json)
-      std::printf("tessera-mlp-lm: resumed from %s (step %ld, written by %d rank%s with %s)\n", got.path.c_str(),
-                  first_step, got.world, got.world == 1 ? "" : "s", got.strategy.c_str());
+      std::printf("tessera-mlp-lm: resumed from %s (step %ld, written by %d rank%s with %s) in %.2f s\n",
+                  got.path.c_str(), first_step, got.world, got.world == 1 ? "" : "s", got.strategy.c_str(), load_s);
   }
   const corpus data(o.data, o.seed, o.ctx);
   auto save = [&](long next_step) {
