@@ -136,7 +136,6 @@ strategy_result run_strategy(const bench_options& o, const model_shape& s, Comm&
   int r = 0, N = 1;
   MPI_Comm_rank(world, &r);
   MPI_Comm_size(world, &N);
-  tessera::cuda::current_stream();
   TESSERA_CUDA(cudaDeviceSynchronize());
   const std::size_t base = device_in_use();
   memory_of<backend::cuda>().reset_peak();
