@@ -3,6 +3,7 @@
 // what is wrong; the fuzz target covers what these examples do not).
 #define BOOST_TEST_MODULE tessera_checkpoint_format
 #include "common/mpi_test_main.hpp"
+#include "common/util.hpp"
 
 #include <cstring>
 #include <string>
@@ -14,6 +15,7 @@
 
 using namespace tessera;
 using namespace tessera::checkpoint;
+using tessera_test::expect_error;
 
 namespace {
 std::vector<unsigned char> file_of(const std::string& json, std::size_t data_bytes) {
@@ -22,15 +24,6 @@ std::vector<unsigned char> file_of(const std::string& json, std::size_t data_byt
   for (int i = 0; i < 8; ++i) f[std::size_t(i)] = (n >> (8 * i)) & 0xff;
   std::memcpy(f.data() + 8, json.data(), json.size());
   return f;
-}
-template <class F>
-void expect_error(F&& f, const std::string& part) {
-  try {
-    f();
-    BOOST_ERROR("expected a tessera error containing '" << part << "'");
-  } catch (const tessera::error& e) {
-    BOOST_TEST_CONTEXT(e.what()) { BOOST_TEST(std::string(e.what()).find(part) != std::string::npos); }
-  }
 }
 const char* good_index = R"({"format":"tessera-checkpoint","version":1,"step":4,"strategy":"optim","wrapper":"fsdp","world":2,
  "optimizer":"sgd","optimizer_steps":4,"optimizer_skipped":0,"states":["main","momentum_buffer"],

@@ -2,6 +2,7 @@
 // never a hang or a silently wrong answer.
 #define BOOST_TEST_MODULE tessera_errors
 #include "common/mpi_test_main.hpp"
+#include "common/util.hpp"
 
 #include <string>
 #include <vector>
@@ -9,22 +10,9 @@
 #include "tessera/tessera.hpp"
 
 using namespace tessera;
+using tessera_test::expect_error;
 
 namespace {
-// Checks that f throws a tessera::error whose what() starts with "tessera:" and contains `part`.
-template <class F>
-void expect_error(F&& f, const std::string& part) {
-  try {
-    f();
-    BOOST_ERROR("expected a tessera error containing '" << part << "'");
-  } catch (const tessera::error& e) {
-    const std::string w = e.what();
-    BOOST_TEST_CONTEXT("message: " << w) {
-      BOOST_TEST(w.rfind("tessera: ", 0) == 0u);
-      BOOST_TEST(w.find(part) != std::string::npos);
-    }
-  }
-}
 using Z3 = config<optim_grads_params, fsdp>;
 using Z1 = config<optim, ddp>;
 }  // namespace

@@ -8,6 +8,7 @@
 #include <string>
 #include <typeinfo>
 
+#include "tessera/core/error.hpp"
 #include "tessera/core/hash.hpp"
 
 namespace tessera_test {
@@ -38,4 +39,19 @@ namespace tessera_test {
 template <class Cfg, class B>
 using on_backend = tessera::config<typename Cfg::strategy, typename Cfg::wrapper, typename Cfg::precision,
                                    typename Cfg::averaging, B>;
+// Checks that f throws a tessera::error whose what() starts with "tessera:" and contains `part`.
+template <class F>
+void expect_error(F&& f, const std::string& part) {
+  try {
+    f();
+    BOOST_ERROR("expected a tessera error containing '" << part << "'");
+  } catch (const tessera::error& e) {
+    const std::string w = e.what();
+    BOOST_TEST_CONTEXT("message: " << w) {
+      BOOST_TEST(w.rfind("tessera: ", 0) == 0u);
+      BOOST_TEST(w.find(part) != std::string::npos);
+    }
+  }
+}
+
 }  // namespace tessera_test

@@ -6,6 +6,7 @@
 #define BOOST_TEST_MODULE tessera_kernels_cuda
 #include "common/mpi_test_main.hpp"
 #include "common/util.hpp"
+#include "common/cuda_util.cuh"
 
 #include <cmath>
 #include <filesystem>
@@ -19,16 +20,8 @@ using ops = backend_ops<backend::cuda>;
 template <class T> using dbuf = tessera::cuda::buffer<T>;
 
 namespace {
-template <class T> std::vector<T> to_host(const dbuf<T>& b) {
-  std::vector<T> h(b.size());
-  ops::copy_to_host(std::span<T>(h), b.span());
-  return h;
-}
-template <class T> dbuf<T> to_device(const std::vector<T>& h) {
-  dbuf<T> b(h.size());
-  ops::copy_from_host(b.span(), std::span<const T>(h));
-  return b;
-}
+using tessera_test::to_device;
+using tessera_test::to_host;
 struct widen_fn {
   const bf16* in;
   float* out;

@@ -5,6 +5,7 @@
 #define BOOST_TEST_MODULE tessera_mlp_kernels_cuda
 #include "common/mpi_test_main.hpp"
 #include "common/util.hpp"
+#include "common/cuda_util.cuh"
 
 #include <algorithm>
 #include <cmath>
@@ -21,16 +22,8 @@ template <class T> using dbuf = tessera::cuda::buffer<T>;
 using tessera::cuda::epilogue;
 
 namespace {
-template <class T> std::vector<T> to_host(const dbuf<T>& b) {
-  std::vector<T> h(b.size());
-  ops::copy_to_host(std::span<T>(h), b.span());
-  return h;
-}
-template <class T> dbuf<T> to_device(const std::vector<T>& h) {
-  dbuf<T> b(h.size());
-  ops::copy_from_host(b.span(), std::span<const T>(h));
-  return b;
-}
+using tessera_test::to_device;
+using tessera_test::to_host;
 template <class T> std::vector<T> random_vec(std::size_t n, std::mt19937& g, double scale = 1.0) {
   std::normal_distribution<double> d(0.0, scale);
   std::vector<T> v(n);
