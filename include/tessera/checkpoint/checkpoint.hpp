@@ -160,7 +160,7 @@ fs::path save(Opt& opt, const fs::path& root, long step, const save_options& o =
     checksum64 whole;
     f.write(header.data(), header.size());
     whole.update(header.data(), header.size());
-    std::vector<M> host;
+    typename ops::template staging<M> host;  // pinned on the CUDA backend
     std::size_t k = 0;
     for (std::size_t u = 0; u < layouts.size(); ++u) {
       const auto& L = layouts[u];
@@ -169,8 +169,8 @@ fs::path save(Opt& opt, const fs::path& root, long step, const save_options& o =
       for (int s = 0; s < S; ++s) {
         if (k >= mine.size() || mine[k].unit != u || mine[k].state != s) continue;
         std::span<M> src = s == 0 ? e.main_weights(u) : opt.state(u, s - 1);
-        host.resize(L.shard_numel());
-        ops::copy_to_host(std::span<M>(host), std::span<const M>(src.subspan(sb, L.shard_numel())));
+        host.reserve(L.shard_numel());
+        ops::copy_to_host(std::span<M>(host.data(), L.shard_numel()), std::span<const M>(src.subspan(sb, L.shard_numel())));
         for (; k < mine.size() && mine[k].unit == u && mine[k].state == s; ++k) {
           const auto& pe = mine[k];
           const void* p = host.data() + pe.p.shard_begin;
@@ -389,9 +389,19 @@ load_result load(Opt& opt, const fs::path& dir) {
   }
   detail::agree(e, err, "checkpoint::load");
   // Every rank has everything it needs: now, and only now, the model changes.
+  typename ops::template staging<M> bounce;  // pinned on the CUDA backend
+  auto put = [&](std::span<M> dst, const std::vector<M>& src) {
+    if constexpr (std::is_same_v<typename Wrapper::backend_type, backend::host>) {
+      ops::copy_from_host(dst, std::span<const M>(src));
+    } else {
+      bounce.reserve(src.size());
+      std::memcpy(bounce.data(), src.data(), src.size() * sizeof(M));
+      ops::copy_from_host(dst, std::span<const M>(bounce.data(), src.size()));
+    }
+  };
   for (std::size_t u = 0; u < layouts.size(); ++u) {
-    ops::copy_from_host(e.main_weights(u), std::span<const M>(staged[u][0]));
-    for (int s = 1; s < S; ++s) ops::copy_from_host(opt.state(u, s - 1), std::span<const M>(staged[u][std::size_t(s)]));
+    put(e.main_weights(u), staged[u][0]);
+    for (int s = 1; s < S; ++s) put(opt.state(u, s - 1), staged[u][std::size_t(s)]);
   }
   opt.restore_counters(x.optimizer_steps, x.optimizer_skipped);
   e.zero_grad();

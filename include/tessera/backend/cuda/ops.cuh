@@ -127,6 +127,8 @@ template <>
 struct backend_ops<backend::cuda> {
   using tessera_backend_ops = void;
   template <class T> using buffer = cuda::buffer<T>;
+  //! Pinned host memory for staging copies (DMA at full speed, no bounce in the driver).
+  template <class T> using staging = cuda::pinned_buffer<T>;
   static constexpr int threads = 256;
 
   template <class T> static void fill(std::span<T> dst, T value) {

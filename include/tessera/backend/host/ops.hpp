@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <span>
+#include <vector>
 #include <utility>
 
 #include "tessera/backend/host/buffer.hpp"
@@ -16,6 +17,15 @@ template <>
 struct backend_ops<backend::host> {
   using tessera_backend_ops = void;
   template <class T> using buffer = host::buffer<T>;
+  //! Host memory for staging copies to and from buffers (plain memory here;
+  //! pinned on the CUDA backend): reserve(n) grows it, data() is the start.
+  template <class T> struct staging {
+    std::vector<T> v;
+    void reserve(std::size_t n) {
+      if (v.size() < n) v.resize(n);
+    }
+    [[nodiscard]] T* data() noexcept { return v.data(); }
+  };
 
   template <class T> static void fill(std::span<T> dst, T value) { std::fill(dst.begin(), dst.end(), value); }
 
