@@ -176,8 +176,9 @@ fs::path save(Opt& opt, const fs::path& root, long step, const save_options& o =
           const void* p = host.data() + pe.p.shard_begin;
           const std::size_t bytes = pe.p.count * sizeof(M);
           f.write(p, bytes);
-          whole.update(p, bytes);
-          sums[k] = std::int64_t(checksum64::of(p, bytes));
+          const std::uint64_t d = checksum64::of(p, bytes);
+          whole.update(&d, sizeof d);  // each byte is hashed once (see index.hpp)
+          sums[k] = std::int64_t(d);
         }
       }
     }

@@ -3,7 +3,10 @@
 //! every tensor its global shape and dtype and which byte ranges of which
 //! rank file hold which of its elements, for each state (main weights and
 //! each optimizer state); who wrote it (step, strategy, world size); and the
-//! size and checksum of every file and of every byte range. Parsing treats
+//! size and checksum of every file and of every byte range. Checksums are
+//! checksum64 (core/checksum.hpp); a file's is that of its header bytes
+//! followed by the 8-byte little-endian digests of its entries in file order,
+//! so every byte is hashed once. Parsing treats
 //! the file as untrusted: every field is type- and range-checked.
 #include <algorithm>
 #include <cstdint>
