@@ -204,9 +204,12 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, const devi
     if (o.json) std::printf("%s\n", j.dump().c_str());
     else
       std::printf("done: final loss %.4f, %.0f tokens/s (%.2f TFLOP/s, steps after the first), peak %.2f MiB per rank "
-                  "(library buffers; estimate %.2f MiB; device in use %.2f MiB)\n",
+                  "(library buffers; estimate %.2f MiB%s)\n",
                   final_loss, tps, shape.flops_per_token() * tps / 1e12, double(peak[0]) / (1 << 20),
-                  double(est.total()) / (1 << 20), double(peak[1]) / (1 << 20));
+                  double(est.total()) / (1 << 20),
+                  std::is_same_v<B, backend::host>
+                      ? ""
+                      : ("; the device's own count " + std::to_string(peak[1] >> 20) + " MiB").c_str());
   }
   return 0;
 }
