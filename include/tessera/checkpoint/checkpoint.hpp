@@ -105,6 +105,29 @@ std::vector<planned_entry> plan_rank(const std::vector<unit_layout>& layouts, in
 
 inline std::string key_of(const unit_layout& L, std::size_t t) { return L.name() + "." + L.tensors()[t].spec.name; }
 
+// Rank q's safetensors entries ("unit.tensor/state") and header: the rank
+// writes it, and rank 0 rebuilds it to learn where q's data section starts.
+template <class M>
+std::vector<st_entry> rank_entries(const std::vector<unit_layout>& layouts, const std::vector<planned_entry>& plan,
+                                   const std::vector<std::string>& states) {
+  std::vector<st_entry> entries;
+  for (const auto& pe : plan)
+    entries.push_back({key_of(layouts[pe.unit], pe.tensor) + "/" + states[std::size_t(pe.state)],
+                       std::string(dtype_name<M>()), {std::int64_t(pe.p.count)}, pe.begin, pe.end});
+  return entries;
+}
+// "main" and then the optimizer's state names: the states a checkpoint holds.
+template <class Alg>
+std::vector<std::string> state_names() {
+  std::vector<std::string> s{"main"};
+  for (int k = 0; k < Alg::state_count; ++k) s.emplace_back(Alg::state_names[k]);
+  return s;
+}
+inline std::string rank_header(const std::vector<st_entry>& entries, int q, int world, long step) {
+  return make_safetensors_header(entries, {{"format", "tessera"}, {"rank", std::to_string(q)},
+                                           {"world", std::to_string(world)}, {"step", std::to_string(step)}});
+}
+
 // Every rank learns whether every rank succeeded; the failing ones rethrow their own error.
 template <class Engine>
 void agree(Engine& e, const std::exception_ptr& error_here, const char* what) {
@@ -144,18 +167,18 @@ fs::path save(Opt& opt, const fs::path& root, long step, const save_options& o =
   }
   detail::agree(e, err, "checkpoint::save (creating the directory)");
 
+  // What every rank writes follows from the layouts alone.
+  const std::vector<std::string> states = detail::state_names<Alg>();
+  std::vector<std::vector<detail::planned_entry>> plans(static_cast<std::size_t>(N));
+  std::size_t widest = 0;
+  for (int q = 0; q < N; ++q) widest = std::max(widest, (plans[std::size_t(q)] = detail::plan_rank<M>(layouts, q, S)).size());
+  const auto& mine = plans[std::size_t(r)];
+  // Per entry its checksum, padded to the longest plan; then the file's checksum and bytes.
+  std::vector<std::int64_t> sums(widest + 2, 0), all((widest + 2) * std::size_t(N));
+
   // This rank's file: header, then each piece of each state, checksummed as written.
-  const auto mine = detail::plan_rank<M>(layouts, r, S);
-  std::vector<std::int64_t> sums(mine.size() + 2, 0);  // per entry, file checksum, file bytes
   try {
-    std::vector<st_entry> entries;
-    for (const auto& pe : mine) {
-      const auto& L = layouts[pe.unit];
-      entries.push_back({detail::key_of(L, pe.tensor) + "/" + (pe.state == 0 ? "main" : std::string(Alg::state_names[pe.state - 1])),
-                         std::string(dtype_name<M>()), {std::int64_t(pe.p.count)}, pe.begin, pe.end});
-    }
-    const std::string header = make_safetensors_header(
-        entries, {{"format", "tessera"}, {"rank", std::to_string(r)}, {"world", std::to_string(N)}, {"step", std::to_string(step)}});
+    const std::string header = detail::rank_header(detail::rank_entries<M>(layouts, mine, states), r, N, step);
     out_file f((tmp / rank_file(r, N)).string());
     checksum64 whole;
     f.write(header.data(), header.size());
@@ -184,8 +207,8 @@ fs::path save(Opt& opt, const fs::path& root, long step, const save_options& o =
     }
     detail::crash_point("before-sync");
     f.sync_and_close();
-    sums[mine.size()] = std::int64_t(whole.digest());
-    sums[mine.size() + 1] = std::int64_t(f.written());
+    sums[widest] = std::int64_t(whole.digest());
+    sums[widest + 1] = std::int64_t(f.written());
   } catch (...) {
     err = std::current_exception();
   }
@@ -196,15 +219,8 @@ fs::path save(Opt& opt, const fs::path& root, long step, const save_options& o =
   detail::agree(e, err, "checkpoint::save (writing rank files)");
   detail::crash_point("after-files");
 
-  // Every rank's checksums to every rank (padded to the longest plan).
-  std::vector<std::vector<detail::planned_entry>> plans(static_cast<std::size_t>(N));
-  std::size_t widest = 0;
-  for (int q = 0; q < N; ++q) widest = std::max(widest, (plans[std::size_t(q)] = detail::plan_rank<M>(layouts, q, S)).size());
-  std::vector<std::int64_t> local(widest + 2, 0), all((widest + 2) * std::size_t(N));
-  std::copy(sums.begin(), sums.end() - 2, local.begin());
-  local[widest] = sums[mine.size()];
-  local[widest + 1] = sums[mine.size() + 1];
-  e.all_gather_host(std::span<const std::int64_t>(local), std::span<std::int64_t>(all));
+  // Every rank's checksums to every rank.
+  e.all_gather_host(std::span<const std::int64_t>(sums), std::span<std::int64_t>(all));
 
   if (r == 0) {
     try {
@@ -216,8 +232,7 @@ fs::path save(Opt& opt, const fs::path& root, long step, const save_options& o =
       x.optimizer = std::string(Alg::name);
       x.optimizer_steps = opt.steps();
       x.optimizer_skipped = opt.skipped_steps();
-      x.states.push_back("main");
-      for (int s = 0; s + 1 < S; ++s) x.states.emplace_back(Alg::state_names[s]);
+      x.states = states;
       x.extra = o.extra;
       for (int q = 0; q < N; ++q) {
         const std::int64_t* rs = all.data() + (widest + 2) * std::size_t(q);
@@ -232,13 +247,9 @@ fs::path save(Opt& opt, const fs::path& root, long step, const save_options& o =
       for (int q = 0; q < N; ++q) {
         const auto& plan = plans[std::size_t(q)];
         const std::int64_t* rs = all.data() + (widest + 2) * std::size_t(q);
-        // The data section starts after the header, whose size we recompute as rank q did.
-        std::vector<st_entry> entries;
-        for (const auto& pe : plan)
-          entries.push_back({detail::key_of(layouts[pe.unit], pe.tensor) + "/" + x.states[std::size_t(pe.state)],
-                             std::string(dtype_name<M>()), {std::int64_t(pe.p.count)}, pe.begin, pe.end});
-        const std::uint64_t data_start = make_safetensors_header(
-            entries, {{"format", "tessera"}, {"rank", std::to_string(q)}, {"world", std::to_string(N)}, {"step", std::to_string(step)}}).size();
+        // The data section starts after the header, rebuilt as rank q built it.
+        const auto entries = detail::rank_entries<M>(layouts, plan, states);
+        const std::uint64_t data_start = detail::rank_header(entries, q, N, step).size();
         for (std::size_t i = 0; i < plan.size(); ++i) {
           const auto& pe = plan[i];
           auto& ti = x.tensors[detail::key_of(layouts[pe.unit], pe.tensor)];
@@ -304,9 +315,7 @@ load_result load(Opt& opt, const fs::path& dir) {
     const std::string where = "checkpoint '" + res.path.string() + "'";
     x = parse_index(read_small_file(res.path / index_name, std::uint64_t(1) << 30), where + " " + index_name);
     // The model against the index, both ways.
-    std::vector<std::string> want{"main"};
-    for (int s = 0; s + 1 < S; ++s) want.emplace_back(Alg::state_names[s]);
-    if (x.states != want)
+    if (x.states != detail::state_names<Alg>())
       tessera::detail::fail(where + " holds optimizer '" + x.optimizer + "' state; this optimizer is '" +
                             std::string(Alg::name) + "'");
     std::size_t model_tensors = 0;
@@ -336,13 +345,7 @@ load_result load(Opt& opt, const fs::path& dir) {
       auto it = files.find(q);
       if (it != files.end()) return it->second;
       const auto& fi = x.files.at(std::size_t(q));
-      const fs::path p = res.path / fi.name;
-      std::error_code ec;
-      if (!fs::exists(p, ec)) tessera::detail::fail(where + ": file '" + fi.name + "' is missing");
-      in_file f(p.string());
-      if (f.size() != fi.bytes)
-        tessera::detail::fail(where + ": file '" + fi.name + "' is " + std::to_string(f.size()) + " bytes; the index says " +
-                              std::to_string(fi.bytes) + " (truncated or replaced)");
+      in_file f = open_rank_file(x, res.path, q, where);
       std::vector<unsigned char> head(std::size_t(std::min<std::uint64_t>(f.size(), 8)));
       f.read(0, head.data(), head.size());
       std::uint64_t n = 0;
@@ -375,10 +378,7 @@ load_result load(Opt& opt, const fs::path& dir) {
               tessera::detail::fail(where + ": file '" + x.files[std::size_t(pi.file)].name + "' does not hold '" +
                                     pi.keys[std::size_t(s)] + "' where the index says");
             buf.resize(std::size_t(br.bytes));
-            f.read(br.offset, buf.data(), buf.size());
-            if (checksum64::of(buf.data(), buf.size()) != br.checksum)
-              tessera::detail::fail(where + ": checksum mismatch in file '" + x.files[std::size_t(pi.file)].name +
-                                    "', tensor '" + pi.keys[std::size_t(s)] + "' (the file is damaged)");
+            read_checked(f, br, buf.data(), x.files[std::size_t(pi.file)].name, pi.keys[std::size_t(s)], where);
             std::memcpy(staged[u][std::size_t(s)].data() + (slot.offset + pa - lo),
                         buf.data() + (pa - pi.begin) * sizeof(M), std::size_t(pb - pa) * sizeof(M));
           }

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/checkpoint/directory.hpp"
 #include "tessera/checkpoint/index.hpp"
 #include "tessera/checkpoint/io.hpp"
 #include "tessera/checkpoint/safetensors.hpp"
@@ -70,29 +71,17 @@ inline std::size_t consolidate(const fs::path& ckpt, const fs::path& out, bool w
       what.emplace_back(&name, s);
     }
   std::vector<std::optional<in_file>> files(x.files.size());
-  auto file = [&](int q) -> in_file& {
+  auto file = [&](int q) -> const in_file& {
     auto& f = files[std::size_t(q)];
-    if (!f) {
-      std::error_code ec;
-      const fs::path p = ckpt / x.files[std::size_t(q)].name;
-      if (!fs::exists(p, ec)) tessera::detail::fail(where + ": file '" + x.files[std::size_t(q)].name + "' is missing");
-      f.emplace(p.string());
-      if (f->size() != x.files[std::size_t(q)].bytes)
-        tessera::detail::fail(where + ": file '" + x.files[std::size_t(q)].name + "' is " + std::to_string(f->size()) +
-                              " bytes; the index says " + std::to_string(x.files[std::size_t(q)].bytes));
-    }
+    if (!f) f.emplace(open_rank_file(x, ckpt, q, where));
     return *f;
   };
   write_safetensors(out, outs, [&](std::size_t i, std::vector<unsigned char>& dst) {
     const auto& t = x.tensors.at(*what[i].first);
     const std::size_t s = what[i].second, esize = dtype_bytes(t.dtype);
     for (const auto& p : t.pieces) {
-      const byte_range& br = p.ranges[s];
-      unsigned char* d = dst.data() + p.begin * esize;
-      file(p.file).read(br.offset, d, std::size_t(br.bytes));
-      if (checksum64::of(d, std::size_t(br.bytes)) != br.checksum)
-        tessera::detail::fail(where + ": checksum mismatch in file '" + x.files[std::size_t(p.file)].name + "', tensor '" +
-                              p.keys[s] + "' (the file is damaged)");
+      read_checked(file(p.file), p.ranges[s], dst.data() + p.begin * esize, x.files[std::size_t(p.file)].name, p.keys[s],
+                   where);
     }
   }, {{"format", "tessera-consolidated"}, {"step", std::to_string(x.step)}});
   return outs.size();

@@ -1,5 +1,6 @@
 #pragma once
-//! \file Where checkpoints live under a root directory, and which is newest.
+//! \file Where checkpoints live under a root directory, which is newest, and
+//! reading their rank files with the index's checks (loads and consolidation).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -11,6 +12,7 @@
 
 #include "tessera/checkpoint/index.hpp"
 #include "tessera/checkpoint/io.hpp"
+#include "tessera/core/checksum.hpp"
 
 namespace tessera::checkpoint {
 
@@ -48,6 +50,29 @@ namespace tessera::checkpoint {
   auto all = complete_checkpoints(dir);
   if (all.empty()) return std::nullopt;
   return all.back().second;
+}
+
+//! Rank file q of the checkpoint at dir, opened after checking that it exists
+//! and has the size the index records; `where` names the checkpoint in errors.
+[[nodiscard]] inline in_file open_rank_file(const index_info& x, const fs::path& dir, int q, const std::string& where) {
+  const auto& fi = x.files.at(std::size_t(q));
+  const fs::path p = dir / fi.name;
+  std::error_code ec;
+  if (!fs::exists(p, ec)) tessera::detail::fail(where + ": file '" + fi.name + "' is missing");
+  in_file f(p.string());
+  if (f.size() != fi.bytes)
+    tessera::detail::fail(where + ": file '" + fi.name + "' is " + std::to_string(f.size()) + " bytes; the index says " +
+                          std::to_string(fi.bytes) + " (truncated or replaced)");
+  return f;
+}
+
+//! Reads byte range br of rank file f (entry `key`) into dst and checks its checksum.
+inline void read_checked(const in_file& f, const byte_range& br, void* dst, const std::string& file_name,
+                         const std::string& key, const std::string& where) {
+  f.read(br.offset, dst, std::size_t(br.bytes));
+  if (checksum64::of(dst, std::size_t(br.bytes)) != br.checksum)
+    tessera::detail::fail(where + ": checksum mismatch in file '" + file_name + "', tensor '" + key +
+                          "' (the file is damaged)");
 }
 
 }  // namespace tessera::checkpoint
