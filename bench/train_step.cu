@@ -27,6 +27,7 @@
 
 #include "../examples/mlp_lm/cuda_compute.cuh"
 #include "../examples/mlp_lm/data.hpp"
+#include "../examples/mlp_lm/gpu_placement.hpp"
 #include "../examples/mlp_lm/model.hpp"
 #include "common.cuh"
 #include "tessera/tessera.hpp"
@@ -258,22 +259,14 @@ int main(int argc, char** argv) {
   try {
     comm::mpi_session session(&argc, &argv);
     comm::mpi world;
-    MPI_Comm node;
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world.rank(), MPI_INFO_NULL, &node);
-    int local = 0, local_size = 1, gpus = 0;
-    MPI_Comm_rank(node, &local);
-    MPI_Comm_size(node, &local_size);
-    MPI_Comm_free(&node);
-    TESSERA_CUDA(cudaGetDeviceCount(&gpus));
-    TESSERA_CUDA(cudaSetDevice(local % gpus));
+    const mlp_lm::gpu_placement where = mlp_lm::place_on_gpu(world.rank());
     tessera::cuda::stream compute;
     tessera::cuda::set_current_stream(compute.get());
-    const bool nccl_ok = local_size <= gpus;
-    const bool use_nccl = o.comm == "nccl" || (o.comm == "auto" && nccl_ok);
+    const bool use_nccl = where.communicator(o.comm) == "nccl";
     const model_shape s{o.layers, o.d, o.ctx};
     const bool talk = world.rank() == 0;
     cudaDeviceProp prop{};
-    TESSERA_CUDA(cudaGetDeviceProperties(&prop, local % gpus));
+    TESSERA_CUDA(cudaGetDeviceProperties(&prop, where.device));
     const long per_rank = o.tokens / o.accum / world.size();
     const floor_parts fl = measure_floor(s, per_rank, 10);
     const double floor_step = fl.gemm_ms * o.accum + fl.optimizer_ms;  // GEMMs per micro-batch, the optimizer once

@@ -8,6 +8,7 @@
 #include <cstdio>
 
 #include "cuda_compute.cuh"
+#include "gpu_placement.hpp"
 #include "trainer.hpp"
 
 namespace mlp_lm {
@@ -24,24 +25,13 @@ struct cuda_usage final : device_usage {
 
 inline int run_cuda(const options& o, tessera::comm::mpi& world) {
   using namespace tessera;
-  MPI_Comm node;
-  TESSERA_MPI(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world.rank(), MPI_INFO_NULL, &node));
-  int local = 0, local_size = 1, gpus = 0;
-  MPI_Comm_rank(node, &local);
-  MPI_Comm_size(node, &local_size);
-  MPI_Comm_free(&node);
-  TESSERA_CHECK(cudaGetDeviceCount(&gpus) == cudaSuccess && gpus > 0,
-                "--backend cuda: no CUDA device is visible to this process");
-  TESSERA_CUDA(cudaSetDevice(local % gpus));
+  const gpu_placement where = place_on_gpu(world.rank());
   tessera::cuda::stream compute;
   tessera::cuda::set_current_stream(compute.get());
-  const bool own_gpu = local_size <= gpus;
-  const std::string which = o.comm == "auto" ? (own_gpu ? "nccl" : "mpi") : o.comm;
-  TESSERA_CHECK(which != "nccl" || own_gpu, "--comm nccl with ", local_size, " ranks on ", gpus,
-                " GPUs: NCCL needs a GPU per rank; use --comm mpi (staged through host memory)");
+  const std::string which = where.communicator(o.comm);
   if (world.rank() == 0 && !o.json)
     std::printf("tessera-mlp-lm: %d rank%s on %d GPU%s, communicator %s\n", world.size(), world.size() == 1 ? "" : "s",
-                std::min(gpus, local_size), gpus == 1 ? "" : "s",
+                std::min(where.gpus, where.local_size), where.gpus == 1 ? "" : "s",
                 which == "nccl" ? "NCCL" : "MPI staged through pinned host memory");
   cuda_usage usage;
   if (which == "nccl") {
