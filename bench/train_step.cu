@@ -42,6 +42,8 @@ struct bench_options {
   int layers = 8, d = 4096, ctx = 8, steps = 10, warmup = 3, accum = 1;
   long tokens = 8192;
   double clip = 1.0;
+  int gemm_sms = -1, nccl_ctas = 0;  // gemm_sms -1: all SMs but nccl_ctas (see gpu_placement)
+  bool overlap = true;
   std::vector<std::string> strategies{"no_shard", "optim", "optim_grads", "optim_grads_params"};
   std::string wrapper = "fsdp", json, comm = "auto";
 };
@@ -126,7 +128,9 @@ floor_parts measure_floor(const model_shape& s, long tokens_per_rank, int iters)
 struct strategy_result {
   std::string name;
   double ms = 0, compute_ms = 0, comm_ms = 0, optimizer_ms = 0, tokens_per_s = 0, tflops = 0, final_loss = 0;
+  double comm_only_ms = 0;  // the step's collectives alone, no compute (0 at one rank)
   std::size_t peak = 0, device_used = 0, estimate = 0;
+  std::size_t model_state = 0, formula = 0;  // the wrapper's model-state bytes; DESIGN.md's formula
   bool fused = false;
   std::string choices;
 };
@@ -154,7 +158,21 @@ strategy_result run_strategy(const bench_options& o, const model_shape& s, Comm&
     const long lo = per_mb * r / N, hi = per_mb * (r + 1) / N;
     const std::size_t n = std::size_t(hi - lo), n_alloc = std::max<std::size_t>(n, 1);
     mlp_lm::cuda_mlp<Wrapper> net(model, ids, s, n_alloc);
+    if (o.gemm_sms > 0 && comm.size() > 1) net.set_gemm_sms(o.gemm_sms);  // resolved in main
     res.fused = net.fused();
+    {
+      // DESIGN.md's model state per rank (mixed bf16/fp32 Adam): 2 bytes of
+      // compute weights, 4 of gradients, 12 of main weights and moments per
+      // parameter, each divided by N where the strategy shards it, plus the
+      // gathered unit buffers under optim_grads_params.
+      using St = typename Cfg::strategy;
+      const double P = double(s.params()), n = double(comm.size());
+      const auto& pl = model.planned();
+      res.formula = std::size_t(P * ((St::shards_params ? 2 / n : 2) + (St::shards_grads ? 4 / n : 4) +
+                                     (St::shards_optimizer ? 12 / n : 12))) +
+                    pl.gathered_buffers;
+      res.model_state = pl.total() + opt.state_bytes();
+    }
     res.estimate = model.planned().total() + opt.state_bytes() + decltype(net)::workspace_bytes(s, n_alloc) +
                    tessera::cuda::matmul_workspace_bytes();
     const mlp_lm::corpus data("", 1, s.ctx);
@@ -201,6 +219,44 @@ strategy_result run_strategy(const bench_options& o, const model_shape& s, Comm&
       std::sort(v.begin(), v.end());
       return v.empty() ? 0.0 : v[v.size() / 2];
     };
+    // Communication only: the same gathers, reductions and weight publication
+    // as a step, in the same order, with no compute between them.
+    if (comm.size() > 1 && o.overlap) {
+      std::vector<double> only;
+      auto& e = model.engine();
+      for (int it = 0; it < 2 + o.steps; ++it) {
+        MPI_Barrier(world);
+        e0.record(st);
+        e.publish_weights(/*converted=*/true);  // after a step: gathered copies dropped, replicas re-gathered
+        model.begin_micro_batch(0, 1);
+        { auto sc = model.gather(ids.embed); }
+        for (const auto& b : ids.blocks) { auto sc = model.gather(b.unit); }
+        for (tessera::unit_id u : {ids.head}) {
+          auto sc = model.gather(u);
+          (void)sc.grads_for_write();
+          sc.reduce_grads();
+        }
+        for (auto b = ids.blocks.rbegin(); b != ids.blocks.rend(); ++b) {
+          auto sc = model.gather(b->unit);
+          (void)sc.grads_for_write();
+          sc.reduce_grads();
+        }
+        {
+          auto sc = model.gather(ids.embed);
+          (void)sc.grads_for_write();
+          sc.reduce_grads();
+        }
+        model.finish_grad_sync();
+        e.synchronize();
+        e1.record(st);
+        e1.synchronize();
+        model.zero_grad();
+        float a = 0;
+        TESSERA_CUDA(cudaEventElapsedTime(&a, e0.get(), e1.get()));
+        if (it >= 2) only.push_back(a);
+      }
+      res.comm_only_ms = median(only);
+    }
     res.choices = net.choices();
     res.ms = median(total);
     res.compute_ms = median(compute);
@@ -212,11 +268,16 @@ strategy_result run_strategy(const bench_options& o, const model_shape& s, Comm&
     res.device_used = device_in_use() - base;
     res.peak = memory_of<backend::cuda>().peak() - counted_before;
     // The busiest rank.
-    std::uint64_t v[3] = {res.peak, res.device_used, res.estimate};
-    MPI_Allreduce(MPI_IN_PLACE, v, 3, MPI_UINT64_T, MPI_MAX, world);
+    std::uint64_t v[5] = {res.peak, res.device_used, res.estimate, res.model_state, res.formula};
+    MPI_Allreduce(MPI_IN_PLACE, v, 5, MPI_UINT64_T, MPI_MAX, world);
     res.peak = v[0];
     res.device_used = v[1];
     res.estimate = v[2];
+    res.model_state = v[3];
+    res.formula = v[4];
+    double c = res.comm_only_ms;  // the slowest rank's
+    MPI_Allreduce(MPI_IN_PLACE, &c, 1, MPI_DOUBLE, MPI_MAX, world);
+    res.comm_only_ms = c;
   }
   return res;
 }
@@ -255,6 +316,11 @@ int main(int argc, char** argv) {
   app.add_option("--wrapper", o.wrapper)->check(CLI::IsMember({"ddp", "fsdp"}));
   app.add_option("--comm", o.comm)->check(CLI::IsMember({"auto", "nccl", "mpi"}));
   app.add_option("--json", o.json, "write results as JSON to this file");
+  app.add_option("--gemm-sms", o.gemm_sms,
+                 "SMs each GEMM is shaped for when collectives overlap it (0: all; -1: all but --nccl-ctas)");
+  app.add_option("--nccl-ctas", o.nccl_ctas, "most SMs an NCCL collective may hold (0: NCCL's choice)");
+  app.add_flag("!--no-overlap", o.overlap,
+               "skip the compute-only and communication-only runs (several ranks) that give the overlap efficiency");
   CLI11_PARSE(app, argc, argv);
   try {
     comm::mpi_session session(&argc, &argv);
@@ -263,6 +329,7 @@ int main(int argc, char** argv) {
     tessera::cuda::stream compute;
     tessera::cuda::set_current_stream(compute.get());
     const bool use_nccl = where.communicator(o.comm) == "nccl";
+    o.gemm_sms = where.gemm_sms(o.gemm_sms, use_nccl ? o.nccl_ctas : 0, world.size());
     const model_shape s{o.layers, o.d, o.ctx};
     const bool talk = world.rank() == 0;
     cudaDeviceProp prop{};
@@ -281,8 +348,12 @@ int main(int argc, char** argv) {
                   fl.gemm_ms * o.accum, fl.optimizer_ms, floor_step, double(o.tokens) / world.size() / (floor_step * 1e-3));
       std::printf("# the same GEMMs back to back (sustained clocks): %.3f ms, %.1f%% above the sum of GEMMs timed alone\n",
                   fl.sustained_gemm_ms * o.accum, 100 * (fl.sustained_gemm_ms / fl.gemm_ms - 1));
-      std::printf("%-20s %9s %12s %8s %8s %9s %9s %9s %10s %10s %10s %6s\n", "strategy", "ms/step", "tokens/s",
-                  "TFLOP/s", "of floor", "compute", "exp.comm", "optim", "peak MiB", "device MiB", "est. MiB", "est/pk");
+      if (o.gemm_sms > 0 || o.nccl_ctas > 0)
+        std::printf("# GEMMs shaped for %d SMs beside collectives; NCCL limited to %d CTAs (0: its own choice)\n",
+                    o.gemm_sms, o.nccl_ctas);
+      std::printf("%-20s %9s %12s %8s %8s %9s %9s %9s %10s %10s %10s %6s %10s %10s %9s %9s %7s\n", "strategy", "ms/step",
+                  "tokens/s/GPU", "TFLOP/s", "of floor", "compute", "exp.comm", "optim", "peak MiB", "device MiB",
+                  "est. MiB", "est/pk", "state MiB", "formula", "comp.only", "comm.only", "overlap");
     }
     nlohmann::json out{{"device", prop.name},
                        {"world", world.size()},
@@ -302,22 +373,44 @@ int main(int argc, char** argv) {
                        {"floor_ms", floor_step},
                        {"sustained_gemm_ms", fl.sustained_gemm_ms * o.accum},
                        {"results", nlohmann::json::array()}};
+    // Compute only (several ranks): forward and backward of each GPU's share of
+    // the batch through a world of one (no collective at all), all GPUs busy at
+    // once; a strategy's compute-only step adds its own optimizer time.
+    double solo_compute_ms = 0;
+    if (world.size() > 1 && o.overlap) {
+      comm::local<backend::cuda> alone;
+      solo_compute_ms = dispatch(o, "no_shard", s, alone, MPI_COMM_WORLD).compute_ms;
+      MPI_Allreduce(MPI_IN_PLACE, &solo_compute_ms, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+      if (talk) std::printf("# compute only (each GPU alone, same tokens per GPU): forward + backward %.3f ms\n", solo_compute_ms);
+    }
+    out["compute_only_forward_backward_ms"] = solo_compute_ms;
     auto run_all = [&](auto& c) {
       for (const auto& name : o.strategies) {
         const strategy_result r = dispatch(o, name, s, c, MPI_COMM_WORLD);
         if (!talk) continue;
         // Per rank: tokens/s of the whole job divided by ranks, against the per-rank floor.
         const double of_floor = floor_step / r.ms;
-        std::printf("%-20s %9.3f %12.0f %8.1f %7.1f%% %9.3f %9.3f %9.3f %10.1f %10.1f %10.1f %6.3f%s\n", r.name.c_str(),
-                    r.ms, r.tokens_per_s, r.tflops, 100 * of_floor, r.compute_ms, r.comm_ms, r.optimizer_ms,
-                    double(r.peak) / (1 << 20), double(r.device_used) / (1 << 20), double(r.estimate) / (1 << 20),
-                    double(r.estimate) / double(r.peak), r.fused ? "" : "  (epilogues not fused)");
+        const double per_gpu = r.tokens_per_s / world.size();
+        const double compute_only = solo_compute_ms > 0 ? solo_compute_ms + r.optimizer_ms : 0;
+        const double overlap = compute_only > 0 ? r.ms / std::max(compute_only, r.comm_only_ms) : 0;
+        const auto mib = [](std::size_t b) { return double(b) / (1 << 20); };
+        std::printf("%-20s %9.3f %12.0f %8.1f %7.1f%% %9.3f %9.3f %9.3f %10.1f %10.1f %10.1f %6.3f %10.1f %10.1f %9.3f %9.3f "
+                    "%7.3f%s\n",
+                    r.name.c_str(), r.ms, per_gpu, r.tflops / world.size(), 100 * of_floor, r.compute_ms, r.comm_ms,
+                    r.optimizer_ms, mib(r.peak), mib(r.device_used), mib(r.estimate), double(r.estimate) / double(r.peak),
+                    mib(r.model_state), mib(r.formula), compute_only, r.comm_only_ms, overlap,
+                    r.fused ? "" : "  (epilogues not fused)");
         if (&name == &o.strategies.front()) std::printf("#   products: %s\n", r.choices.c_str());
         std::fflush(stdout);
         out["results"].push_back({{"strategy", r.name},
                                   {"ms", r.ms},
                                   {"tokens_per_s", r.tokens_per_s},
-                                  {"tokens_per_s_per_rank", r.tokens_per_s / world.size()},
+                                  {"tokens_per_s_per_rank", per_gpu},
+                                  {"compute_only_ms", compute_only},
+                                  {"comm_only_ms", r.comm_only_ms},
+                                  {"overlap_efficiency", overlap},
+                                  {"model_state_bytes", r.model_state},
+                                  {"design_formula_bytes", r.formula},
                                   {"tflops", r.tflops},
                                   {"of_floor", of_floor},
                                   {"compute_ms", r.compute_ms},
@@ -331,8 +424,10 @@ int main(int argc, char** argv) {
                                   {"final_loss", r.final_loss}});
       }
     };
+    out["gemm_sms"] = o.gemm_sms;
+    out["nccl_ctas"] = o.nccl_ctas;
     if (use_nccl) {
-      comm::nccl c(world);
+      comm::nccl c(world, comm::nccl_options{.max_ctas = o.nccl_ctas});
       run_all(c);
     } else {
       comm::mpi_device c;

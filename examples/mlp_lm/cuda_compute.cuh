@@ -54,7 +54,7 @@ public:
     dx_ = dbuf<C>(n_max_ * D);
     dh_ = dbuf<C>(n_max_ * H);
     bgrad_ = dbuf<C>(H);
-    scratch_ = dbuf<float>(std::size_t(gpu::column_parts_max) * std::max<std::size_t>(D, vocab));
+    scratch_ = dbuf<float>(scratch_floats(s));
     loss_ = dbuf<double>(1);
     one_hot_ = dbuf<C>(n_max_ * std::size_t(s.ctx) * vocab);
     inputs_ = dbuf<std::byte>(input_bytes());
@@ -93,6 +93,10 @@ public:
     return r;
   }
 
+  //! SMs every GEMM is shaped for (0: all): fewer when collectives run beside
+  //! the GEMMs, so a GEMM's waves do not wait on the SMs NCCL holds.
+  void set_gemm_sms(int sms) noexcept { gemm_sms_ = sms; }
+
   [[nodiscard]] bool fused() const noexcept { return fused_; }
   //! What runs fused, in words (for the banner).
   [[nodiscard]] std::string fusion() const {
@@ -106,7 +110,7 @@ public:
   [[nodiscard]] static std::size_t workspace_bytes(const model_shape& s, std::size_t max_tokens) {
     const std::size_t D = std::size_t(s.d), H = std::size_t(s.hidden()), L = std::size_t(s.layers), n = max_tokens;
     return sizeof(C) * ((L + 1) * n * D + 2 * L * n * H + n * vocab + n * D + n * H + H + n * std::size_t(s.ctx) * vocab) +
-           sizeof(float) * std::size_t(gpu::column_parts_max) * std::max<std::size_t>(D, vocab) + sizeof(double) +
+           sizeof(float) * scratch_floats(s) + sizeof(double) +
            input_bytes_for(s, n);
   }
 
@@ -230,6 +234,11 @@ private:
   // the (token, position) rows grouped by byte for the embedding gradient, and
   // the group starts. Offsets keep the int arrays 4-byte aligned.
   static std::size_t round4(std::size_t b) { return (b + 3) / 4 * 4; }
+  // Scratch for column sums and bias gradients: the widest is the hidden layer's
+  // (db1 over 4d columns), also holds the one-hot GEMM's [vocab, e] output.
+  static std::size_t scratch_floats(const model_shape& s) {
+    return std::max(gpu::column_scratch_floats(std::max({s.d, s.hidden(), vocab})), std::size_t(vocab) * std::size_t(s.e()));
+  }
   static std::size_t input_bytes_for(const model_shape& s, std::size_t n) {
     const std::size_t rows = n * std::size_t(s.ctx);
     return round4(rows) + round4(n) + rows * sizeof(int) + (vocab + 1) * sizeof(int);
@@ -275,7 +284,7 @@ private:
         if (!fresh) gpu::accumulate(scratch_.data(), m, db, false);
       } else {
         gemm<float>({.trans_a = true, .m = m, .n = n, .k = k, .a = dY, .b = X, .d = dW, .beta = beta});
-        gpu::column_sums(dY, k, m, db, fresh, scratch_.data());
+        gpu::column_sums(dY, k, m, db, fresh, scratch_.span());
       }
     };
     if (choice == unmeasured && !fresh) go(true);
@@ -338,8 +347,9 @@ private:
   }
 
   template <class TD>
-  static void gemm(problem<TD> p) {
+  void gemm(problem<TD> p) const {
     p.tf32 = false;  // fp32 runs in strict fp32, to match the host
+    p.sm_count = gemm_sms_;
     tessera::cuda::matmul(p);
   }
 
@@ -364,6 +374,7 @@ private:
   tessera::cuda::pinned_buffer<double> loss_host_;
   tessera::cuda::event loss_ready_;
   int flip_ = 0;
+  int gemm_sms_ = 0;
 };
 
 }  // namespace mlp_lm

@@ -9,8 +9,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <span>
 
 #include "tessera/backend/cuda/error.hpp"
+#include "tessera/core/error.hpp"
 #include "tessera/backend/cuda/stream.hpp"
 #include "tessera/core/dtype.hpp"
 
@@ -194,20 +196,29 @@ __global__ void column_finish_kernel(const T* partial, int parts, int cols, floa
 //! Most row slices column_sums uses (its scratch holds this many rows of cols floats).
 constexpr int column_parts_max = 64;
 
-//! out[c] (+)= sum_r Y[r, c] for Y[n, cols]; scratch holds column_parts_max * cols floats.
+//! Floats of scratch column_sums needs for any row count at up to max_cols columns.
+constexpr std::size_t column_scratch_floats(int max_cols) {
+  return std::size_t(column_parts_max) * std::size_t(max_cols);
+}
+
+//! out[c] (+)= sum_r Y[r, c] for Y[n, cols]; scratch holds column_scratch_floats(cols) floats
+//! (checked: an undersized scratch is an error, not a write past its end).
 template <class C>
-void column_sums(const C* Y, int n, int cols, float* out, bool overwrite, float* scratch) {
+void column_sums(const C* Y, int n, int cols, float* out, bool overwrite, std::span<float> scratch) {
   const cudaStream_t s = tessera::cuda::current_stream();
   const int chunks = (cols + 31) / 32;
   // Enough slices for about 2048 blocks (all SMs busy with loads in flight), each of at least 64 rows.
   int parts = std::max(1, std::min({column_parts_max, (n + 63) / 64, std::max(1, 2048 / chunks)}));
   const int rows = (n + parts - 1) / std::max(parts, 1);
   parts = n == 0 ? 0 : (n + rows - 1) / rows;
+  TESSERA_CHECK(std::size_t(parts) * std::size_t(std::max(cols, 0)) <= scratch.size(), "column_sums over ", n, " rows of ",
+                cols, " columns needs ", std::size_t(parts) * std::size_t(cols), " floats of scratch; ", scratch.size(),
+                " given");
   if (parts > 0) {
-    column_partial_kernel<<<dim3(unsigned(chunks), unsigned(parts)), dim3(32, 8), 0, s>>>(Y, n, cols, rows, scratch);
+    column_partial_kernel<<<dim3(unsigned(chunks), unsigned(parts)), dim3(32, 8), 0, s>>>(Y, n, cols, rows, scratch.data());
     TESSERA_CUDA(cudaGetLastError());
   }
-  column_finish_kernel<<<blocks_for(std::size_t(cols), 256), 256, 0, s>>>(scratch, parts, cols, out, overwrite);
+  column_finish_kernel<<<blocks_for(std::size_t(cols), 256), 256, 0, s>>>(scratch.data(), parts, cols, out, overwrite);
   TESSERA_CUDA(cudaGetLastError());
 }
 

@@ -23,9 +23,11 @@ struct cuda_usage final : device_usage {
   [[nodiscard]] std::size_t used() const override { return in_use() - baseline; }
 };
 
-inline int run_cuda(const options& o, tessera::comm::mpi& world) {
+inline int run_cuda(const options& o_in, tessera::comm::mpi& world) {
   using namespace tessera;
   const gpu_placement where = place_on_gpu(world.rank());
+  options o = o_in;
+  o.gemm_sms = where.gemm_sms(o.gemm_sms, where.communicator(o.comm) == "nccl" ? o.nccl_ctas : 0, world.size());
   tessera::cuda::stream compute;
   tessera::cuda::set_current_stream(compute.get());
   const std::string which = where.communicator(o.comm);
@@ -35,7 +37,7 @@ inline int run_cuda(const options& o, tessera::comm::mpi& world) {
                 which == "nccl" ? "NCCL" : "MPI staged through pinned host memory");
   cuda_usage usage;
   if (which == "nccl") {
-    comm::nccl c(world);
+    comm::nccl c(world, comm::nccl_options{.max_ctas = o.nccl_ctas});
     usage.baseline = cuda_usage::in_use();
     return dispatch<backend::cuda, cuda_mlp>(o, world, c, usage, tessera::cuda::matmul_workspace_bytes());
   }

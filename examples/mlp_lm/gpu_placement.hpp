@@ -14,7 +14,7 @@
 namespace mlp_lm {
 
 struct gpu_placement {
-  int local = 0, local_size = 1, gpus = 0, device = 0;
+  int local = 0, local_size = 1, gpus = 0, device = 0, sms = 0;
   [[nodiscard]] bool own_gpu() const noexcept { return local_size <= gpus; }
   //! "nccl" or "mpi" for a --comm of auto, nccl or mpi; nccl without a GPU per rank is an error.
   [[nodiscard]] std::string communicator(const std::string& requested) const {
@@ -22,6 +22,13 @@ struct gpu_placement {
     TESSERA_CHECK(which != "nccl" || own_gpu(), "--comm nccl with ", local_size, " ranks on ", gpus,
                   " GPUs: NCCL needs a GPU per rank; use --comm mpi (staged through host memory)");
     return which;
+  }
+  //! SMs to shape GEMMs for: `requested` if positive; for -1, all but the
+  //! CTAs NCCL may hold when collectives overlap compute (several ranks, a cap
+  //! on NCCL's CTAs); otherwise 0 (all).
+  [[nodiscard]] int gemm_sms(int requested, int nccl_ctas, int world) const {
+    if (requested >= 0) return requested;
+    return world > 1 && nccl_ctas > 0 && nccl_ctas < sms ? sms - nccl_ctas : 0;
   }
 };
 
@@ -37,6 +44,7 @@ inline gpu_placement place_on_gpu(int world_rank) {
                 "no CUDA device is visible to this process (the CUDA backend needs one)");
   p.device = p.local % p.gpus;
   TESSERA_CUDA(cudaSetDevice(p.device));
+  TESSERA_CUDA(cudaDeviceGetAttribute(&p.sms, cudaDevAttrMultiProcessorCount, p.device));
   return p;
 }
 

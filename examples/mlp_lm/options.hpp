@@ -17,6 +17,7 @@ struct options {
   std::uint64_t seed = 1;
   std::string data, save, load, dump_weights;
   int save_every = 0, keep = 0;
+  int gemm_sms = -1, nccl_ctas = 0;  // -1: the default for the communicator (see cuda_main.cuh)
   bool json = false;
 };
 
@@ -32,6 +33,11 @@ inline int parse(int argc, char** argv, options& o) {
   app.add_option("--fusion", o.fusion,
                  "cuda backend: fused cuBLASLt epilogues where they measure faster (auto), always (on), never (off)")
       ->check(CLI::IsMember({"auto", "on", "off"}));
+  app.add_option("--gemm-sms", o.gemm_sms,
+                 "cuda backend: SMs each GEMM is shaped for (0: all; default: all but --nccl-ctas when NCCL overlaps)")
+      ->check(CLI::Range(-1, 1 << 12));
+  app.add_option("--nccl-ctas", o.nccl_ctas, "cuda backend: most SMs an NCCL collective may hold (0: NCCL's choice)")
+      ->check(CLI::Range(0, 64));
   app.add_option("--wrapper", o.wrapper, "ddp or fsdp")->check(CLI::IsMember({"ddp", "fsdp"}));
   app.add_option("--strategy", o.strategy, "no_shard, optim, optim_grads or optim_grads_params")
       ->check(CLI::IsMember({"no_shard", "optim", "optim_grads", "optim_grads_params"}));

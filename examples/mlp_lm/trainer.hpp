@@ -111,6 +111,8 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, const devi
   const std::size_t n = std::size_t(hi - lo), n_alloc = std::max<std::size_t>(n, 1);
   Net net(model, ids, shape, n_alloc);
   if (o.fusion != "auto") net.force_fusion(o.fusion == "on");
+  if constexpr (requires { net.set_gemm_sms(0); })
+    if (o.gemm_sms > 0 && N > 1) net.set_gemm_sms(o.gemm_sms);
   const memory_estimate est{model.planned().total(), opt.state_bytes(), Net::workspace_bytes(shape, n_alloc),
                             blas_workspace};
 

@@ -265,14 +265,15 @@ BOOST_AUTO_TEST_CASE(embedding_gather_and_gradient_match_float64) {
 
 BOOST_AUTO_TEST_CASE(column_sums_match_float64) {
   std::mt19937 g(17);
-  dbuf<float> scratch(std::size_t(mlp_lm::gpu::column_parts_max) * 300);
-  for (int n : {0, 1, 63, 1000, 70001})
-    for (int cols : {1, 33, 256}) {
+  dbuf<float> scratch(mlp_lm::gpu::column_scratch_floats(2048));
+  for (int n : {0, 1, 63, 1000, 4096, 70001})
+    for (int cols : {1, 33, 256, 2048}) {
+      if (std::size_t(n) * std::size_t(cols) > (std::size_t(1) << 27)) continue;
       const auto y = random_vec<bf16>(std::size_t(n) * std::size_t(cols) + 1, g);
       const auto before = random_vec<float>(std::size_t(cols), g);
       auto dy = to_device(y);
       auto out = to_device(before);
-      mlp_lm::gpu::column_sums(dy.data(), n, cols, out.data(), false, scratch.data());
+      mlp_lm::gpu::column_sums(dy.data(), n, cols, out.data(), false, scratch.span());
       const auto got = to_host(out);
       double worst = 0;
       for (int c = 0; c < cols; ++c) {
@@ -285,6 +286,15 @@ BOOST_AUTO_TEST_CASE(column_sums_match_float64) {
       }
       BOOST_TEST_CONTEXT("n " << n << " cols " << cols) { BOOST_TEST(worst <= 1e-6); }
     }
+}
+
+// 4096 rows of 2048 columns take 32 slices (65536 floats): a scratch sized for
+// fewer columns is refused instead of written past (the trainer once sized it
+// by max(d, vocab), too small for the hidden layer's bias gradient at d = 512).
+BOOST_AUTO_TEST_CASE(column_sums_refuse_a_small_scratch) {
+  dbuf<bf16> y(std::size_t(4096) * 2048);
+  dbuf<float> out(2048), small(mlp_lm::gpu::column_scratch_floats(512));
+  tessera_test::expect_error([&] { mlp_lm::gpu::column_sums(y.data(), 4096, 2048, out.data(), true, small.span()); }, "floats of scratch");
 }
 
 // A weight-gradient product dW = dY^T X that also yields db[i] = sum_t dY[t, i] (fp32).

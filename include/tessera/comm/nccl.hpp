@@ -51,6 +51,9 @@ struct nccl_options {
   double timeout_s = 0;
   //! How long non-zero ranks wait for a rendezvous file to appear.
   double rendezvous_timeout_s = 120;
+  //! Most CTAs (SMs) a collective may occupy (NCCL's config.maxCTAs); 0 = NCCL's
+  //! choice. Fewer leaves more SMs to compute that overlaps the collective.
+  int max_ctas = 0;
 };
 
 class nccl {
@@ -165,6 +168,10 @@ private:
   ncclConfig_t config() const {
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = opt_.timeout_s > 0 ? 0 : 1;
+    if (opt_.max_ctas > 0) {
+      cfg.maxCTAs = opt_.max_ctas;
+      cfg.minCTAs = std::min(cfg.minCTAs > 0 ? cfg.minCTAs : 1, opt_.max_ctas);
+    }
     return cfg;
   }
   void init(int rank, int size, const ncclUniqueId& id) {

@@ -54,6 +54,10 @@ struct matmul_problem {
   TD* aux = nullptr;           //!< GELU input [m, n] row-major, ld = ldaux
   int ldaux = 0;
   bool tf32 = false;           //!< fp32 operands: allow TF32 tensor cores
+  //! SMs the kernel is chosen and shaped for (0: all of them). Below the
+  //! device's count when another stream (NCCL's) runs beside it, so the GEMM's
+  //! waves do not wait for SMs the collective holds.
+  int sm_count = 0;
 };
 
 namespace detail {
@@ -87,7 +91,7 @@ struct lt_plan {
 };
 
 // Everything the heuristic's answer may depend on.
-using lt_key = std::tuple<int, int, int, int, int, int, int, int, int, int, int, int, int, int, int, int>;
+using lt_key = std::tuple<int, int, int, int, int, int, int, int, int, int, int, int, int, int, int, int, int>;
 
 inline int alignment_of(const void* p) {
   const auto v = reinterpret_cast<std::uintptr_t>(p);
@@ -163,7 +167,7 @@ lt_plan* lt_plan_for(const matmul_problem<TA, TD>& p, bool throw_if_none) {
                    std::min({alignment_of(p.a), alignment_of(p.b), alignment_of(p.d), alignment_of(p.c ? p.c : p.d)}),
                    p.ep == epilogue::none ? 256 : std::min(alignment_of(p.aux ? p.aux : p.d),
                                                            alignment_of(p.bias ? p.bias : p.bias_grad ? p.bias_grad : p.d)),
-                   int(cuda_type<TA>()) * 100 + int(cuda_type<TD>()), p.tf32};
+                   int(cuda_type<TA>()) * 100 + int(cuda_type<TD>()), p.tf32, p.sm_count};
   auto& st = lt_thread_state();
   auto& slot = st.plans[key];
   if (slot) return slot.get();
@@ -180,6 +184,10 @@ lt_plan* lt_plan_for(const matmul_problem<TA, TD>& p, bool throw_if_none) {
   TESSERA_CUBLAS(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
   const cublasLtEpilogue_t ep = lt_epilogue(p.ep);
   TESSERA_CUBLAS(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep));
+  if (p.sm_count > 0) {
+    const std::int32_t sms = p.sm_count;
+    TESSERA_CUBLAS(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sms, sizeof sms));
+  }
   if (uses_bias(p.ep)) {
     // Pointers go in per call; the heuristic needs them (for alignment) now.
     const void* bp = writes_bias_grad(p.ep) ? p.bias_grad : p.bias;
