@@ -42,7 +42,8 @@ struct bench_options {
   int layers = 8, d = 4096, ctx = 8, steps = 10, warmup = 3, accum = 1;
   long tokens = 8192;
   double clip = 1.0;
-  int gemm_sms = -1, nccl_ctas = 0;  // gemm_sms -1: all SMs but nccl_ctas (see gpu_placement)
+  int gemm_sms = -1, nccl_ctas = 0, gather_buffers = 2;
+  std::string wire = "fp32";  // gemm_sms -1: all SMs but nccl_ctas (see gpu_placement)
   bool overlap = true;
   std::vector<std::string> strategies{"no_shard", "optim", "optim_grads", "optim_grads_params"};
   std::string wrapper = "fsdp", json, comm = "auto";
@@ -148,7 +149,7 @@ strategy_result run_strategy(const bench_options& o, const model_shape& s, Comm&
   strategy_result res;
   res.name = std::string(Cfg::strategy::name);
   {
-    Wrapper model(comm);
+    Wrapper model(comm, wrapper_options{.gather_buffers = o.gather_buffers});
     const mlp_lm::model_ids ids = mlp_lm::register_model(model, s);
     model.finalize();
     mlp_lm::init_model(model, ids, s, 1);
@@ -283,8 +284,13 @@ strategy_result run_strategy(const bench_options& o, const model_shape& s, Comm&
 }
 
 template <class Comm>
-strategy_result dispatch(const bench_options& o, const std::string& name, const model_shape& s, Comm& comm, MPI_Comm world) {
-  using P = mixed_precision<bf16, float>;
+strategy_result dispatch(const bench_options& o, const std::string& name, const model_shape& s, Comm& comm, MPI_Comm world);
+
+// Gradients reduce in fp32 (the default) or, with --wire bf16, are rounded to
+// bf16 for the collective and accumulated in fp32 again.
+template <class P, class Comm>
+strategy_result dispatch_precision(const bench_options& o, const std::string& name, const model_shape& s, Comm& comm,
+                                   MPI_Comm world) {
   using B = backend::cuda;
   if (o.wrapper == "ddp") {
     if (name == "no_shard") return run_strategy<config<no_shard, ddp, P, sum, B>>(o, s, comm, world);
@@ -297,6 +303,12 @@ strategy_result dispatch(const bench_options& o, const std::string& name, const 
     if (name == "optim_grads_params") return run_strategy<config<optim_grads_params, fsdp, P, sum, B>>(o, s, comm, world);
   }
   detail::fail("no instantiation for --wrapper " + o.wrapper + " --strategies " + name);
+}
+
+template <class Comm>
+strategy_result dispatch(const bench_options& o, const std::string& name, const model_shape& s, Comm& comm, MPI_Comm world) {
+  if (o.wire == "bf16") return dispatch_precision<mixed_precision<bf16, float, float, bf16>>(o, name, s, comm, world);
+  return dispatch_precision<mixed_precision<bf16, float>>(o, name, s, comm, world);
 }
 
 }  // namespace
@@ -318,6 +330,11 @@ int main(int argc, char** argv) {
   app.add_option("--json", o.json, "write results as JSON to this file");
   app.add_option("--gemm-sms", o.gemm_sms,
                  "SMs each GEMM is shaped for when collectives overlap it (0: all; -1: all but --nccl-ctas)");
+  app.add_option("--gather-buffers", o.gather_buffers,
+                 "gathered-unit buffers (optim_grads_params; 2: double buffering, the number of units: nothing "
+                 "re-gathered in backward)");
+  app.add_option("--wire", o.wire, "dtype gradients are reduced in: fp32, or bf16 (accumulated in fp32)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--nccl-ctas", o.nccl_ctas, "most SMs an NCCL collective may hold (0: NCCL's choice)");
   app.add_flag("!--no-overlap", o.overlap,
                "skip the compute-only and communication-only runs (several ranks) that give the overlap efficiency");
@@ -425,6 +442,10 @@ int main(int argc, char** argv) {
       }
     };
     out["gemm_sms"] = o.gemm_sms;
+    out["gather_buffers"] = o.gather_buffers;
+    out["wire"] = o.wire;
+    if (talk && (o.gather_buffers != 2 || o.wire != "fp32"))
+      std::printf("# %d gather buffers, gradients reduced in %s\n", o.gather_buffers, o.wire.c_str());
     out["nccl_ctas"] = o.nccl_ctas;
     if (use_nccl) {
       comm::nccl c(world, comm::nccl_options{.max_ctas = o.nccl_ctas});
