@@ -355,10 +355,10 @@ int main(int argc, char** argv) {
     const floor_parts fl = measure_floor(s, per_rank, 10);
     const double floor_step = fl.gemm_ms * o.accum + fl.optimizer_ms;  // GEMMs per micro-batch, the optimizer once
     if (talk) {
-      std::printf("# tessera-bench-train on %s: %d rank%s (%s), layers %d, d %d, ctx %d, %ld tokens per step "
+      std::printf("# tessera-bench-train on %s: %d rank%s (%s), wrapper %s, layers %d, d %d, ctx %d, %ld tokens per step "
                   "(%d micro-batch%s), %.3fB parameters, clip %g\n",
-                  prop.name, world.size(), world.size() == 1 ? "" : "s", use_nccl ? "NCCL" : "MPI staged", o.layers, o.d,
-                  o.ctx, o.tokens, o.accum, o.accum == 1 ? "" : "es", double(s.params()) / 1e9, o.clip);
+                  prop.name, world.size(), world.size() == 1 ? "" : "s", use_nccl ? "NCCL" : "MPI staged", o.wrapper.c_str(),
+                  o.layers, o.d, o.ctx, o.tokens, o.accum, o.accum == 1 ? "" : "es", double(s.params()) / 1e9, o.clip);
       std::printf("# bf16 GEMM 8192^3: %.1f TFLOP/s; copy %.0f GB/s\n", fl.gemm_tflops, fl.copy_gbs);
       std::printf("# floor per step and rank: GEMMs alone %.3f ms + optimizer 28 B/param at copy speed %.3f ms = %.3f ms "
                   "(%.0f tokens/s)\n",
