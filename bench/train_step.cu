@@ -44,7 +44,7 @@ struct bench_options {
   double clip = 1.0;
   int gemm_sms = -1, nccl_ctas = 0, gather_buffers = 2;
   std::string wire = "fp32";  // gemm_sms -1: all SMs but nccl_ctas (see gpu_placement)
-  bool overlap = true;
+  bool overlap = true, recompute_gelu = false;
   std::vector<std::string> strategies{"no_shard", "optim", "optim_grads", "optim_grads_params"};
   std::string wrapper = "fsdp", json, comm = "auto";
 };
@@ -158,7 +158,8 @@ strategy_result run_strategy(const bench_options& o, const model_shape& s, Comm&
     const long per_mb = o.tokens / o.accum;
     const long lo = per_mb * r / N, hi = per_mb * (r + 1) / N;
     const std::size_t n = std::size_t(hi - lo), n_alloc = std::max<std::size_t>(n, 1);
-    mlp_lm::cuda_mlp<Wrapper> net(model, ids, s, n_alloc);
+    const mlp_lm::net_options nopt{.recompute_gelu = o.recompute_gelu};
+    mlp_lm::cuda_mlp<Wrapper> net(model, ids, s, n_alloc, nopt);
     if (o.gemm_sms > 0 && comm.size() > 1) net.set_gemm_sms(o.gemm_sms);  // resolved in main
     res.fused = net.fused();
     {
@@ -174,7 +175,7 @@ strategy_result run_strategy(const bench_options& o, const model_shape& s, Comm&
                     pl.gathered_buffers;
       res.model_state = pl.total() + opt.state_bytes();
     }
-    res.estimate = model.planned().total() + opt.state_bytes() + decltype(net)::workspace_bytes(s, n_alloc) +
+    res.estimate = model.planned().total() + opt.state_bytes() + decltype(net)::workspace_bytes(s, n_alloc, nopt) +
                    tessera::cuda::matmul_workspace_bytes();
     const mlp_lm::corpus data("", 1, s.ctx);
     std::vector<std::pair<std::vector<std::uint8_t>, std::vector<std::uint8_t>>> batches(
@@ -333,6 +334,7 @@ int main(int argc, char** argv) {
   app.add_option("--gather-buffers", o.gather_buffers,
                  "gathered-unit buffers (optim_grads_params; 2: double buffering, the number of units: nothing "
                  "re-gathered in backward)");
+  app.add_flag("--recompute-gelu", o.recompute_gelu, "keep each block's GELU input only, recompute its output in backward");
   app.add_option("--wire", o.wire, "dtype gradients are reduced in: fp32, or bf16 (accumulated in fp32)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--nccl-ctas", o.nccl_ctas, "most SMs an NCCL collective may hold (0: NCCL's choice)");
@@ -444,8 +446,10 @@ int main(int argc, char** argv) {
     out["gemm_sms"] = o.gemm_sms;
     out["gather_buffers"] = o.gather_buffers;
     out["wire"] = o.wire;
-    if (talk && (o.gather_buffers != 2 || o.wire != "fp32"))
-      std::printf("# %d gather buffers, gradients reduced in %s\n", o.gather_buffers, o.wire.c_str());
+    out["recompute_gelu"] = o.recompute_gelu;
+    if (talk && (o.gather_buffers != 2 || o.wire != "fp32" || o.recompute_gelu))
+      std::printf("# %d gather buffers, gradients reduced in %s%s\n", o.gather_buffers, o.wire.c_str(),
+                  o.recompute_gelu ? ", GELU outputs recomputed" : "");
     out["nccl_ctas"] = o.nccl_ctas;
     if (use_nccl) {
       comm::nccl c(world, comm::nccl_options{.max_ctas = o.nccl_ctas});

@@ -44,12 +44,14 @@ class cuda_mlp {
 public:
   static constexpr const char* backend_name = "cuda";
 
-  cuda_mlp(Wrapper& m, const model_ids& ids, const model_shape& s, std::size_t max_tokens)
-      : m_(m), ids_(ids), s_(s), n_max_(max_tokens) {
+  cuda_mlp(Wrapper& m, const model_ids& ids, const model_shape& s, std::size_t max_tokens, net_options o = {})
+      : m_(m), ids_(ids), s_(s), n_max_(max_tokens), recompute_(o.recompute_gelu) {
     const std::size_t D = std::size_t(s.d), H = std::size_t(s.hidden()), L = std::size_t(s.layers);
     x_ = dbuf<C>((L + 1) * n_max_ * D);
     pre_ = dbuf<C>(L * n_max_ * H);
-    act_ = dbuf<C>(L * n_max_ * H);
+    // With recomputation one block's GELU output at a time lives in dh_ (it is
+    // consumed before dh_ is written in backward, and dh_ is idle in forward).
+    if (!recompute_) act_ = dbuf<C>(L * n_max_ * H);
     z_ = dbuf<C>(n_max_ * vocab);
     dx_ = dbuf<C>(n_max_ * D);
     dh_ = dbuf<C>(n_max_ * H);
@@ -98,6 +100,7 @@ public:
   void set_gemm_sms(int sms) noexcept { gemm_sms_ = sms; }
 
   [[nodiscard]] bool fused() const noexcept { return fused_; }
+  [[nodiscard]] bool recomputes_gelu() const noexcept { return recompute_; }
   //! What runs fused, in words (for the banner).
   [[nodiscard]] std::string fusion() const {
     std::string f = fused_ ? "bias+GELU and GELU-gradient epilogues" : "separate bias and GELU kernels";
@@ -107,9 +110,10 @@ public:
     return f;
   }
   //! Device bytes this class holds (activations, staging, scratch), for the memory estimate.
-  [[nodiscard]] static std::size_t workspace_bytes(const model_shape& s, std::size_t max_tokens) {
+  [[nodiscard]] static std::size_t workspace_bytes(const model_shape& s, std::size_t max_tokens, net_options o = {}) {
     const std::size_t D = std::size_t(s.d), H = std::size_t(s.hidden()), L = std::size_t(s.layers), n = max_tokens;
-    return sizeof(C) * ((L + 1) * n * D + 2 * L * n * H + n * vocab + n * D + n * H + H + n * std::size_t(s.ctx) * vocab) +
+    const std::size_t kept = o.recompute_gelu ? L : 2 * L;  // per block: GELU input, and output unless recomputed
+    return sizeof(C) * ((L + 1) * n * D + kept * n * H + n * vocab + n * D + n * H + H + n * std::size_t(s.ctx) * vocab) +
            sizeof(float) * scratch_floats(s) + sizeof(double) +
            input_bytes_for(s, n);
   }
@@ -125,7 +129,7 @@ public:
     const auto [dctx, dtgt, order, starts] = stage(ctx, target, n);
     auto X = [&](int l) { return x_.data() + std::size_t(l) * n_max_ * D; };
     auto Pre = [&](int l) { return pre_.data() + std::size_t(l) * n_max_ * H; };
-    auto Act = [&](int l) { return act_.data() + std::size_t(l) * n_max_ * H; };
+    auto Act = [&](int l) { return act(l); };
     auto off = [&](tessera::param_id p) { return m_.engine().slot(p).offset; };
 
     // ---- forward ----
@@ -181,6 +185,7 @@ public:
       auto [g, fresh] = sc.grads_for_write();
       C* dX = dx_.data();
       C* dH = dh_.data();
+      if (recompute_) gpu::gelu_of(Pre(l), std::size_t(N) * H, Act(l));  // into dh_, read by dW2 before dH lands
       // dW2 (+)= dY^T A, db2 (+)= sum over tokens of dY
       weight_grad(choice_[down_grad], dX, Act(l), d, hd, N, g.data() + off(b.w2), g.data() + off(b.b2), fresh);
       run(choice_[gelu_grad], [&](bool fuse) {  // dH = (dY W2) * gelu'(pre)
@@ -337,14 +342,17 @@ private:
     const int N = int(n_max_), d = s_.d, hd = s_.hidden();
     C* any = pre_.data();
     return tessera::cuda::matmul_supported(problem<C>{.trans_b = true, .m = N, .n = hd, .k = d, .a = x_.data(),
-                                                      .b = any, .d = act_.data(), .ep = epilogue::gelu_aux_bias,
+                                                      .b = any, .d = act(0), .ep = epilogue::gelu_aux_bias,
                                                       .bias = bgrad_.data(), .aux = pre_.data()}) &&
            tessera::cuda::matmul_supported(problem<C>{.m = N, .n = hd, .k = d, .a = dx_.data(), .b = any,
                                                       .d = dh_.data(), .ep = epilogue::dgelu, .aux = pre_.data()}) &&
-           tessera::cuda::matmul_supported(problem<C>{.trans_b = true, .m = N, .n = d, .k = hd, .a = act_.data(),
+           tessera::cuda::matmul_supported(problem<C>{.trans_b = true, .m = N, .n = d, .k = hd, .a = act(0),
                                                       .b = any, .d = x_.data(), .beta = 1, .ep = epilogue::bias,
                                                       .bias = bgrad_.data()});
   }
+
+  // Block l's GELU output: kept per block, or (recomputed) one at a time in dh_.
+  C* act(int l) { return recompute_ ? dh_.data() : act_.data() + std::size_t(l) * n_max_ * std::size_t(s_.hidden()); }
 
   template <class TD>
   void gemm(problem<TD> p) const {
@@ -375,6 +383,7 @@ private:
   tessera::cuda::event loss_ready_;
   int flip_ = 0;
   int gemm_sms_ = 0;
+  bool recompute_ = false;
 };
 
 }  // namespace mlp_lm

@@ -250,6 +250,19 @@ void bias_gelu(C* H, const C* b, int n, int cols, C* A) {
 }
 
 template <class C>
+__global__ void gelu_kernel(const C* H, std::size_t total, C* A) {
+  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += std::size_t(gridDim.x) * blockDim.x)
+    A[i] = convert<C>(gelu(convert<float>(H[i])));
+}
+//! A = gelu(H) elementwise: a block's activation recomputed from its kept GELU input.
+template <class C>
+void gelu_of(const C* H, std::size_t total, C* A) {
+  if (total == 0) return;
+  gelu_kernel<<<blocks_for(total, 256), 256, 0, tessera::cuda::current_stream()>>>(H, total, A);
+  TESSERA_CUDA(cudaGetLastError());
+}
+
+template <class C>
 __global__ void add_bias_kernel(C* Y, const C* b, std::size_t n, int cols) {
   const std::size_t total = n * std::size_t(cols);
   for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += std::size_t(gridDim.x) * blockDim.x)

@@ -38,7 +38,7 @@ class host_mlp {
 public:
   static constexpr const char* backend_name = "host";
 
-  host_mlp(Wrapper& m, const model_ids& ids, const model_shape& s, std::size_t max_tokens)
+  host_mlp(Wrapper& m, const model_ids& ids, const model_shape& s, std::size_t max_tokens, net_options = {})  // recomputes GELU outputs always
       : m_(m), ids_(ids), s_(s), n_max_(max_tokens),
         x_(std::size_t(s.layers + 1) * max_tokens * std::size_t(s.d)),
         h_(std::size_t(s.layers) * max_tokens * std::size_t(s.hidden())),
@@ -54,7 +54,7 @@ public:
   [[nodiscard]] static std::string choices() { return {}; }
   static void force_fusion(bool) {}
   //! Host bytes this class holds (activations and scratch), for the memory estimate.
-  [[nodiscard]] static std::size_t workspace_bytes(const model_shape& s, std::size_t n) {
+  [[nodiscard]] static std::size_t workspace_bytes(const model_shape& s, std::size_t n, net_options = {}) {
     const std::size_t D = std::size_t(s.d), H = std::size_t(s.hidden()), L = std::size_t(s.layers);
     return sizeof(float) * ((L + 1) * n * D + L * n * H + 2 * n * H + n * D + n * vocab);  // + widened unit (bf16)
   }

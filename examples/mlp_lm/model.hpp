@@ -35,6 +35,14 @@ struct model_shape {
   }
 };
 
+//! How a compute back end keeps activations for backward.
+struct net_options {
+  //! Keep each block's GELU input only and recompute its output in backward
+  //! (one elementwise pass per block): L x tokens x 4d activations fewer. The
+  //! host back end always does.
+  bool recompute_gelu = false;
+};
+
 struct block_ids {
   tessera::unit_id unit;
   tessera::param_id w1, b1, w2, b2;

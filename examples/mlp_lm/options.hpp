@@ -18,7 +18,7 @@ struct options {
   std::string data, save, load, dump_weights;
   int save_every = 0, keep = 0;
   int gemm_sms = -1, nccl_ctas = 0;  // -1: the default for the communicator (see cuda_main.cuh)
-  bool json = false;
+  bool json = false, recompute_gelu = false;
 };
 
 //! Parses argv into o. Returns -1 to continue, else the exit code (0 after --help).
@@ -38,6 +38,8 @@ inline int parse(int argc, char** argv, options& o) {
       ->check(CLI::Range(-1, 1 << 12));
   app.add_option("--nccl-ctas", o.nccl_ctas, "cuda backend: most SMs an NCCL collective may hold (0: NCCL's choice)")
       ->check(CLI::Range(0, 64));
+  app.add_flag("--recompute-gelu", o.recompute_gelu,
+               "cuda backend: keep each block's GELU input only, recompute its output in backward (less memory)");
   app.add_option("--wrapper", o.wrapper, "ddp or fsdp")->check(CLI::IsMember({"ddp", "fsdp"}));
   app.add_option("--strategy", o.strategy, "no_shard, optim, optim_grads or optim_grads_params")
       ->check(CLI::IsMember({"no_shard", "optim", "optim_grads", "optim_grads_params"}));

@@ -109,11 +109,12 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, const devi
   const long per_mb = o.tokens / o.accum;
   const long lo = per_mb * r / N, hi = per_mb * (r + 1) / N;
   const std::size_t n = std::size_t(hi - lo), n_alloc = std::max<std::size_t>(n, 1);
-  Net net(model, ids, shape, n_alloc);
+  const net_options nopt{.recompute_gelu = o.recompute_gelu};
+  Net net(model, ids, shape, n_alloc, nopt);
   if (o.fusion != "auto") net.force_fusion(o.fusion == "on");
   if constexpr (requires { net.set_gemm_sms(0); })
     if (o.gemm_sms > 0 && N > 1) net.set_gemm_sms(o.gemm_sms);
-  const memory_estimate est{model.planned().total(), opt.state_bytes(), Net::workspace_bytes(shape, n_alloc),
+  const memory_estimate est{model.planned().total(), opt.state_bytes(), Net::workspace_bytes(shape, n_alloc, nopt),
                             blas_workspace};
 
   // The host samples micro-batch i + 1 while the device runs micro-batch i.

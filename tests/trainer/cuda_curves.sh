@@ -25,6 +25,9 @@ check "fp32 at d 512: GPU (fsdp/optim_grads_params, 2 ranks) = host (no_shard)" 
   $curves 1e-4 1 "--backend host --precision fp32 --strategy no_shard --wrapper ddp" \
   2 "--backend cuda --precision fp32 --strategy optim_grads_params --wrapper fsdp" \
   --layers 4 --d 512 --ctx 8 --tokens 4096 --steps 5 --log-every 1 --lr 1e-3
+check "bf16: GELU outputs recomputed in backward = kept" \
+  $curves 2e-2 1 "--backend cuda --precision bf16 --strategy no_shard" \
+  2 "--backend cuda --precision bf16 --strategy optim_grads_params --recompute-gelu" $model
 check "bf16: fused epilogues = separate kernels" \
   $curves 2e-2 1 "--backend cuda --precision bf16 --strategy no_shard --fusion off" \
   1 "--backend cuda --precision bf16 --strategy no_shard --fusion on" $model
