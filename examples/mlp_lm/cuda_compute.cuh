@@ -100,13 +100,13 @@ public:
   void set_gemm_sms(int sms) noexcept { gemm_sms_ = sms; }
 
   [[nodiscard]] bool fused() const noexcept { return fused_; }
-  [[nodiscard]] bool recomputes_gelu() const noexcept { return recompute_; }
   //! What runs fused, in words (for the banner).
   [[nodiscard]] std::string fusion() const {
     std::string f = fused_ ? "bias+GELU and GELU-gradient epilogues" : "separate bias and GELU kernels";
     f += bgrad_fused_ ? ", bias gradients in the weight-gradient GEMMs" : ", bias gradients by column sums";
     if (fused_ || bgrad_fused_) f += " (each fused form kept where it measures faster)";
     f += one_hot_gemm_ ? ", embedding gradient as a one-hot GEMM" : ", embedding gradient by grouped sums";
+    if (recompute_) f += ", GELU outputs recomputed in backward";
     return f;
   }
   //! Device bytes this class holds (activations, staging, scratch), for the memory estimate.
