@@ -337,6 +337,7 @@ public:
     auto& sl = slots_[std::size_t(s)];
     const int N = world();
     const float pre = std::is_same_v<typename Cfg::averaging, pre_divide> ? 1.0f / float(N) : 1.0f;
+    [[maybe_unused]] const float post = std::is_same_v<typename Cfg::averaging, post_divide> ? 1.0f / float(N) : 1.0f;
     const auto op = std::is_same_v<typename Cfg::averaging, average_in_collective> ? comm::reduce_op::avg
                                                                                     : comm::reduce_op::sum;
     // The wire buffer: the gradients themselves when the dtypes agree.
@@ -353,8 +354,17 @@ public:
       sl.req = comm_.iall_reduce(send, send, L.padded_numel(), dtype_of_v<W>, op);
       sl.target = slot_state::all_reduced;
     } else {
-      // Straight into the gradient shard when nothing is there to accumulate with.
-      if (wire_is_grad && st.shard_fresh) {
+      // Straight into the gradient shard when the wire carries gradients. A
+      // shard that already holds earlier micro-batches is folded into this
+      // rank's piece of the send buffer first (times N where the reduction is
+      // divided by N afterwards: avg in the collective, or post_divide), so the
+      // collective delivers the running sum and no staging shard is needed.
+      if constexpr (wire_is_grad) {
+        if (!st.shard_fresh) {
+          const bool divided = op == comm::reduce_op::avg || post != 1.0f;
+          ops::for_each(n, accumulate_convert<G, G>{st.grad_shard.data(), send + L.shard_begin(rank()),
+                                                     divided ? float(N) : 1.0f, false});
+        }
         sl.req = comm_.ireduce_scatter(send, st.grad_shard.data(), n, dtype_of_v<W>, op);
         sl.target = slot_state::direct;
       } else {
@@ -518,7 +528,7 @@ private:
   struct reduction_slot {
     buffer<G> grad;        // full gradients (sharded grads only)
     buffer<W> wire;        // full wire buffer (when W != G)
-    buffer<W> wire_shard;  // reduced shard before accumulation (sharded optimizer)
+    buffer<W> wire_shard;  // reduced shard before conversion and accumulation (sharded optimizer, W != G)
     comm::request req;
     int unit = -1;
     bool pending = false;
@@ -539,7 +549,7 @@ private:
     std::size_t b = 0;
     if (strategy::shards_grads) b += padded * sizeof(G);
     if (!wire_is_grad) b += padded * sizeof(W);
-    if (strategy::shards_optimizer) b += shard * sizeof(W);
+    if (strategy::shards_optimizer && !wire_is_grad) b += shard * sizeof(W);  // staging for the conversion back
     return b;
   }
   static range_hit intersect(std::size_t off, std::size_t numel, std::size_t lo, std::size_t n) {
@@ -628,7 +638,7 @@ private:
       reduction_slot s;
       if constexpr (strategy::shards_grads) s.grad = buffer<G>(max_padded);
       if constexpr (!wire_is_grad) s.wire = buffer<W>(max_padded);
-      if constexpr (strategy::shards_optimizer) s.wire_shard = buffer<W>(max_shard);
+      if constexpr (strategy::shards_optimizer && !wire_is_grad) s.wire_shard = buffer<W>(max_shard);
       slots_.push_back(std::move(s));
     }
     if constexpr (strategy::shards_params)
