@@ -42,8 +42,8 @@ struct bench_options {
   int layers = 8, d = 4096, ctx = 8, steps = 10, warmup = 3, accum = 1;
   long tokens = 8192;
   double clip = 1.0;
-  int gemm_sms = -1, nccl_ctas = 0, gather_buffers = 2;
-  std::string wire = "fp32";  // gemm_sms -1: all SMs but nccl_ctas (see gpu_placement)
+  int gemm_sms = -1, nccl_ctas = 0, gather_buffers = 2;  // gemm_sms -1: all SMs but nccl_ctas (see gpu_placement)
+  std::string wire = "fp32";
   bool overlap = true, recompute_gelu = false;
   std::vector<std::string> strategies{"no_shard", "optim", "optim_grads", "optim_grads_params"};
   std::string wrapper = "fsdp", json, comm = "auto";
@@ -175,7 +175,7 @@ strategy_result run_strategy(const bench_options& o, const model_shape& s, Comm&
                     pl.gathered_buffers;
       res.model_state = pl.total() + opt.state_bytes();
     }
-    res.estimate = model.planned().total() + opt.state_bytes() + decltype(net)::workspace_bytes(s, n_alloc, nopt) +
+    res.estimate = res.model_state + decltype(net)::workspace_bytes(s, n_alloc, nopt) +
                    tessera::cuda::matmul_workspace_bytes();
     const mlp_lm::corpus data("", 1, s.ctx);
     std::vector<std::pair<std::vector<std::uint8_t>, std::vector<std::uint8_t>>> batches(
@@ -231,23 +231,18 @@ strategy_result run_strategy(const bench_options& o, const model_shape& s, Comm&
         e0.record(st);
         e.publish_weights(/*converted=*/true);  // after a step: gathered copies dropped, replicas re-gathered
         model.begin_micro_batch(0, 1);
-        { auto sc = model.gather(ids.embed); }
-        for (const auto& b : ids.blocks) { auto sc = model.gather(b.unit); }
-        for (tessera::unit_id u : {ids.head}) {
+        // Forward: gather each unit; backward: gather, take its gradients, reduce.
+        const auto forward = [&](tessera::unit_id u) { auto sc = model.gather(u); };
+        const auto backward = [&](tessera::unit_id u) {
           auto sc = model.gather(u);
           (void)sc.grads_for_write();
           sc.reduce_grads();
-        }
-        for (auto b = ids.blocks.rbegin(); b != ids.blocks.rend(); ++b) {
-          auto sc = model.gather(b->unit);
-          (void)sc.grads_for_write();
-          sc.reduce_grads();
-        }
-        {
-          auto sc = model.gather(ids.embed);
-          (void)sc.grads_for_write();
-          sc.reduce_grads();
-        }
+        };
+        forward(ids.embed);
+        for (const auto& b : ids.blocks) forward(b.unit);
+        backward(ids.head);
+        for (auto b = ids.blocks.rbegin(); b != ids.blocks.rend(); ++b) backward(b->unit);
+        backward(ids.embed);
         model.finish_grad_sync();
         e.synchronize();
         e1.record(st);

@@ -129,7 +129,6 @@ public:
     const auto [dctx, dtgt, order, starts] = stage(ctx, target, n);
     auto X = [&](int l) { return x_.data() + std::size_t(l) * n_max_ * D; };
     auto Pre = [&](int l) { return pre_.data() + std::size_t(l) * n_max_ * H; };
-    auto Act = [&](int l) { return act(l); };
     auto off = [&](tessera::param_id p) { return m_.engine().slot(p).offset; };
 
     // ---- forward ----
@@ -145,16 +144,16 @@ public:
       // A = gelu(X W1^T + b1), aux = X W1^T + b1
       run(choice_[up], [&](bool fuse) {
         if (fuse) {
-          gemm<C>({.trans_b = true, .m = N, .n = hd, .k = d, .a = X(l), .b = W1, .d = Act(l),
+          gemm<C>({.trans_b = true, .m = N, .n = hd, .k = d, .a = X(l), .b = W1, .d = act(l),
                    .ep = epilogue::gelu_aux_bias, .bias = B1, .aux = Pre(l)});
         } else {
           gemm<C>({.trans_b = true, .m = N, .n = hd, .k = d, .a = X(l), .b = W1, .d = Pre(l)});
-          gpu::bias_gelu(Pre(l), B1, N, hd, Act(l));
+          gpu::bias_gelu(Pre(l), B1, N, hd, act(l));
         }
       });
       // X_{l+1} = X_l + A W2^T + b2
       run(choice_[down], [&](bool fuse) {
-        gemm<C>({.trans_b = true, .m = N, .n = d, .k = hd, .a = Act(l), .b = W2, .d = X(l + 1), .beta = 1,
+        gemm<C>({.trans_b = true, .m = N, .n = d, .k = hd, .a = act(l), .b = W2, .d = X(l + 1), .beta = 1,
                  .ep = fuse ? epilogue::bias : epilogue::none, .bias = B2, .c = X(l)});
         if (!fuse) gpu::add_bias(X(l + 1), B2, N, d);
       });
@@ -185,9 +184,9 @@ public:
       auto [g, fresh] = sc.grads_for_write();
       C* dX = dx_.data();
       C* dH = dh_.data();
-      if (recompute_) gpu::gelu_of(Pre(l), std::size_t(N) * H, Act(l));  // into dh_, read by dW2 before dH lands
+      if (recompute_) gpu::gelu_of(Pre(l), std::size_t(N) * H, act(l));  // into dh_, read by dW2 before dH lands
       // dW2 (+)= dY^T A, db2 (+)= sum over tokens of dY
-      weight_grad(choice_[down_grad], dX, Act(l), d, hd, N, g.data() + off(b.w2), g.data() + off(b.b2), fresh);
+      weight_grad(choice_[down_grad], dX, act(l), d, hd, N, g.data() + off(b.w2), g.data() + off(b.b2), fresh);
       run(choice_[gelu_grad], [&](bool fuse) {  // dH = (dY W2) * gelu'(pre)
         if (fuse) {
           gemm<C>({.m = N, .n = hd, .k = d, .a = dX, .b = W2, .d = dH, .ep = epilogue::dgelu, .aux = Pre(l)});

@@ -337,7 +337,6 @@ public:
     auto& sl = slots_[std::size_t(s)];
     const int N = world();
     const float pre = std::is_same_v<typename Cfg::averaging, pre_divide> ? 1.0f / float(N) : 1.0f;
-    [[maybe_unused]] const float post = std::is_same_v<typename Cfg::averaging, post_divide> ? 1.0f / float(N) : 1.0f;
     const auto op = std::is_same_v<typename Cfg::averaging, average_in_collective> ? comm::reduce_op::avg
                                                                                     : comm::reduce_op::sum;
     // The wire buffer: the gradients themselves when the dtypes agree.
@@ -361,7 +360,7 @@ public:
       // collective delivers the running sum and no staging shard is needed.
       if constexpr (wire_is_grad) {
         if (!st.shard_fresh) {
-          const bool divided = op == comm::reduce_op::avg || post != 1.0f;
+          const bool divided = op == comm::reduce_op::avg || post_scale() != 1.0f;
           ops::for_each(n, accumulate_convert<G, G>{st.grad_shard.data(), send + L.shard_begin(rank()),
                                                      divided ? float(N) : 1.0f, false});
         }
@@ -552,6 +551,10 @@ private:
     if (strategy::shards_optimizer && !wire_is_grad) b += shard * sizeof(W);  // staging for the conversion back
     return b;
   }
+  // What a reduced sum is multiplied by after the collective (post_divide: 1/N).
+  float post_scale() const {
+    return std::is_same_v<typename Cfg::averaging, post_divide> ? 1.0f / float(world()) : 1.0f;
+  }
   static range_hit intersect(std::size_t off, std::size_t numel, std::size_t lo, std::size_t n) {
     const std::size_t a = std::max(off, lo), b = std::min(off + numel, lo + n);
     if (a >= b) return {};
@@ -731,7 +734,7 @@ private:
     const std::size_t u = std::size_t(sl.unit);
     auto& st = units_[u];
     const auto& L = layouts_[u];
-    const float post = std::is_same_v<typename Cfg::averaging, post_divide> ? 1.0f / float(world()) : 1.0f;
+    const float post = post_scale();
     switch (sl.target) {
       case slot_state::all_reduced:
         if constexpr (!wire_is_grad)
