@@ -299,6 +299,27 @@ BOOST_AUTO_TEST_CASE(column_sums_refuse_a_small_scratch) {
   tessera_test::expect_error([&] { mlp_lm::gpu::column_sums(y.data(), 4096, 2048, out.data(), true, small.span()); }, "floats of scratch");
 }
 
+// The recomputation in backward: 16-byte vectors where pointers and length
+// allow, element by element otherwise; both against float64.
+BOOST_AUTO_TEST_CASE(gelu_recomputation_matches_float64_vectorised_or_not) {
+  std::mt19937 g(19);
+  for (std::size_t n : {std::size_t(8) * 1000, std::size_t(8) * 1000 + 3}) {
+    const auto h = random_vec<bf16>(n + 1, g);
+    auto dh = to_device(h);
+    dbuf<bf16> a(n + 1);
+    for (std::size_t off : {std::size_t(0), std::size_t(1)}) {  // 1: misaligned, so the scalar form runs
+      mlp_lm::gpu::gelu_of(dh.data() + off, n, a.data() + off);
+      const auto got = to_host(a);
+      double worst = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        const double x = convert<double>(h[off + i]);
+        worst = std::max(worst, std::abs(convert<double>(got[off + i]) - gelu64(x)) / (std::abs(gelu64(x)) + 1e-2));
+      }
+      BOOST_TEST_CONTEXT("n " << n << " offset " << off) { BOOST_TEST(worst <= 1e-2); }
+    }
+  }
+}
+
 // A weight-gradient product dW = dY^T X that also yields db[i] = sum_t dY[t, i] (fp32).
 BOOST_AUTO_TEST_CASE(bias_gradient_of_a_weight_gradient_product_matches_float64) {
   std::mt19937 g(18);
