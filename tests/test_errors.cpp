@@ -141,3 +141,37 @@ BOOST_AUTO_TEST_CASE(bad_options) {
   m.finalize();
   expect_error([&] { ShardedOptimizer o(m, adamw{}, {.clip_norm = -1}); }, "clip_norm");
 }
+
+BOOST_AUTO_TEST_CASE(lent_gradient_shards) {
+  comm::mpi c;
+  {
+    data_parallel_t<Z3> m(c);
+    auto u = m.add_unit("u");
+    m.add_param(u, "w", {40});
+    m.finalize();
+    std::vector<float> mem(64);
+    expect_error([&] { m.lend_grad_shard(u, mem); }, "needs wrapper_options.lend_grad_shards");
+  }
+  data_parallel_t<Z3> m(c, wrapper_options{.lend_grad_shards = true});
+  auto u = m.add_unit("u");
+  auto w = m.add_param(u, "w", {40});
+  m.finalize();
+  if (c.size() == 1) return;  // one rank: no shard to lend (lending is a no-op)
+  BOOST_TEST(m.planned().grads == 0u);  // nothing of its own: the shard is lent
+  const std::size_t n = m.engine().layout(0).shard_numel();
+  host::buffer<float> mem(n + 4);
+  expect_error([&] { m.lend_grad_shard(u, mem.span().first(n - 1)); }, "its gradient shard needs");
+  expect_error([&] { m.lend_grad_shard(u, mem.span().subspan(1, n)); }, "not 16-byte aligned");
+  expect_error([&] { m.begin_micro_batch(0, 2); }, "holds one micro-batch's reduction only");
+  m.begin_micro_batch(0, 1);
+  {
+    auto s = m.gather(u);
+    s.grad(w)[0] = 1.0f;
+    // Every rank fails here, before any collective: nobody is left waiting.
+    expect_error([&] { s.reduce_grads(); }, "has no gradient shard");
+    expect_error([&] { m.lend_grad_shard(u, mem.span()); }, "during a step");
+  }
+  m.zero_grad();
+  m.lend_grad_shard(u, mem.span());  // between steps: accepted
+  c.barrier();
+}

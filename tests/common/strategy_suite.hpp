@@ -55,6 +55,18 @@ void check_matches_single_rank_no_shard(Comm& c) {
         }
       }
     }
+  // Gradient shards in lent memory that "forward" overwrites: one micro-batch
+  // per step where gradients are reduced every micro-batch, else two.
+  run_params p;
+  p.global_samples = global_samples<Cfg>(N);
+  p.lend_grad_shards = true;
+  p.accum = Cfg::strategy::shards_grads ? 1 : 2;
+  const run_result ref = train<Ref>(solo, test_adamw(), p);
+  const run_result got = train<Cfg>(c, test_adamw(), p);
+  BOOST_TEST_CONTEXT(Cfg::strategy::name << " / " << Cfg::wrapper::name << ", lent gradient shards, rank "
+                                         << c.rank() << " of " << N) {
+    BOOST_TEST(max_rel_diff(got, ref) <= tolerance<Cfg>());
+  }
 }
 
 }  // namespace tessera_test

@@ -39,6 +39,9 @@ struct run_params {
   // Write gradients through grads_for_write(): assign when the unit is fresh
   // (its buffer holds garbage), accumulate otherwise, as the GPU trainer does.
   bool assign_when_fresh = false;
+  // Reduced gradient shards live in memory lent per unit, which "forward"
+  // overwrites with junk each micro-batch, as a trainer's activations would.
+  bool lend_grad_shards = false;
 };
 
 //! Initial value of element i of tensor t in unit u (the same on every rank).
@@ -71,7 +74,8 @@ run_result train(Comm& c, Alg alg, const run_params& p) {
   using W = data_parallel_t<Cfg>;
   using ops = backend_ops<typename Cfg::backend_type>;
   const int N = c.size(), r = c.rank();
-  W model(c, wrapper_options{.alignment = p.alignment});
+  using G = typename W::grad_type;
+  W model(c, wrapper_options{.alignment = p.alignment, .lend_grad_shards = p.lend_grad_shards});
   const auto defs = awkward_model();
   std::vector<unit_id> units;
   std::vector<std::vector<param_id>> params;
@@ -88,6 +92,12 @@ run_result train(Comm& c, Alg alg, const run_params& p) {
       model.set_param(params[u][t], v);
     }
   ShardedOptimizer opt(model, alg, optimizer_options{.clip_norm = p.clip});
+  std::vector<typename ops::template buffer<G>> activations;  // lent to the shards when p.lend_grad_shards
+  if (p.lend_grad_shards)
+    for (std::size_t u = 0; u < units.size(); ++u) {
+      activations.emplace_back(model.engine().layout(u).shard_numel() + 3);
+      model.lend_grad_shard(units[u], activations.back().span());
+    }
 
   // With a sum, the trainer divides by the global batch; with an average, by
   // its local batch (every rank holds the same number of samples then).
@@ -99,9 +109,10 @@ run_result train(Comm& c, Alg alg, const run_params& p) {
   for (int step = 0; step < p.steps; ++step) {
     for (int mb = 0; mb < p.accum; ++mb) {
       model.begin_micro_batch(mb, p.accum);
-      for (auto u : units) {  // "forward": gather in order (prefetch runs ahead)
-        auto s = model.gather(u);
+      for (std::size_t u = 0; u < units.size(); ++u) {  // "forward": gather in order (prefetch runs ahead)
+        auto s = model.gather(units[u]);
         BOOST_REQUIRE(!s.weights().empty());
+        if (p.lend_grad_shards) ops::fill(activations[u].span(), convert<G>(1e4));  // "activations"
       }
       for (std::size_t u = units.size(); u-- > 0;) {  // backward, last unit first
         auto s = model.gather(units[u]);

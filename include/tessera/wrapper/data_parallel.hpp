@@ -116,6 +116,11 @@ public:
   void synchronize() { e_.synchronize(); }
   //! Drops cached gathered units (optim_grads_params); the next gather() all-gathers again.
   void release_gathered() { e_.release_gathered(); }
+  //! Unit u's reduced gradient shard lives in `memory` (wrapper_options::lend_grad_shards).
+  void lend_grad_shard(unit_id u, std::span<grad_type> memory) {
+    check_unit(u);
+    e_.lend_grad_shard(std::size_t(u.index), memory);
+  }
 
   [[nodiscard]] int rank() const { return e_.rank(); }
   [[nodiscard]] int world() const { return e_.world(); }

@@ -14,6 +14,15 @@ struct wrapper_options {
   int grad_buffers = 2;
   //! Start the next unit's all-gather when a unit is gathered (optim_grads_params).
   bool prefetch = true;
+  //! Reduced gradient shards (optim, optim_grads, optim_grads_params) live in
+  //! memory the caller lends per unit (lend_grad_shard) instead of the
+  //! wrapper's own. For trainers whose activations of a unit are dead from that
+  //! unit's gradient reduction until the next forward: the shards then cost no
+  //! memory of their own (PyTorch FSDP2 gets this from its caching allocator,
+  //! which frees gradients between steps). The lent memory holds one
+  //! micro-batch's reduction, so optim_grads and optim_grads_params then take
+  //! one micro-batch per step.
+  bool lend_grad_shards = false;
 };
 
 //! A registered unit.

@@ -130,7 +130,7 @@ public:
       p.compute_weights += (strategy::shards_params ? shard : full) * sizeof(C);
       if (!main_aliases_compute) p.main_weights += opt_range * sizeof(M);
       if (persistent_full_grads || alone) p.grads += full * sizeof(G);
-      if (strategy::shards_optimizer && !alone) p.grads += shard * sizeof(G);
+      if (strategy::shards_optimizer && !alone && !o.lend_grad_shards) p.grads += shard * sizeof(G);
     }
     if (alone) return p;  // no gather or reduction buffers: nothing is communicated
     if (strategy::shards_params) p.gathered_buffers = std::size_t(o.gather_buffers) * max_padded * sizeof(C);
@@ -263,6 +263,11 @@ public:
                   "begin_micro_batch(", index, ", ", count, ") does not follow micro-batch ", mb_index_, " of ",
                   mb_count_, mb_open_ ? "" : " (none open)",
                   "; micro-batches run 0..count-1, and a step() or zero_grad() ends them");
+    // Lent shards are overwritten by the next forward, so a reduction every
+    // micro-batch (sharded gradients) cannot accumulate in them.
+    TESSERA_CHECK(count == 1 || !lends_shards() || !strategy::shards_grads, "begin_micro_batch(", index, ", ", count,
+                  "): gradient shards live in lent memory (wrapper_options.lend_grad_shards), which holds one "
+                  "micro-batch's reduction only; take one micro-batch per step or leave lend_grad_shards off");
     if (index > 0) sync_micro_batch();
     mb_index_ = index;
     mb_count_ = count;
@@ -361,12 +366,13 @@ public:
       if constexpr (wire_is_grad) {
         if (!st.shard_fresh) {
           const bool divided = op == comm::reduce_op::avg || post_scale() != 1.0f;
-          ops::for_each(n, accumulate_convert<G, G>{st.grad_shard.data(), send + L.shard_begin(rank()),
+          ops::for_each(n, accumulate_convert<G, G>{shard_of(u).data(), send + L.shard_begin(rank()),
                                                      divided ? float(N) : 1.0f, false});
         }
-        sl.req = comm_.ireduce_scatter(send, st.grad_shard.data(), n, dtype_of_v<W>, op);
+        sl.req = comm_.ireduce_scatter(send, shard_of(u).data(), n, dtype_of_v<W>, op);
         sl.target = slot_state::direct;
       } else {
+        (void)shard_of(u);  // where it lands after conversion: fail now, before the collective, if missing
         sl.req = comm_.ireduce_scatter(send, sl.wire_shard.data(), n, dtype_of_v<W>, op);
         sl.target = slot_state::staged;
       }
@@ -417,7 +423,7 @@ public:
   [[nodiscard]] std::span<G> opt_grads(std::size_t u) {
     auto& st = units_.at(u);
     if (persistent_full_grads || solo_) materialize_zeros(st);
-    if (strategy::shards_optimizer && !solo_) return st.grad_shard.span();
+    if (strategy::shards_optimizer && !solo_) return shard_of(u);
     return st.grad_full.span();
   }
   //! The part of opt_grads this rank counts in the global norm: the optimizer range
@@ -460,6 +466,32 @@ public:
   //! Drops every cached gathered copy of a unit (optim_grads_params), so the
   //! next gather(unit) all-gathers again: for benchmarks and memory pressure.
   void release_gathered() { invalidate_gathered(); }
+
+  //! Under wrapper_options::lend_grad_shards: unit u's reduced gradient shard
+  //! lives in `memory` (at least layout(u).shard_numel() elements, 16-byte
+  //! aligned) from now on. The wrapper writes it from u's reduce_grads until
+  //! the optimizer step has read it; the caller may use it between a step and
+  //! u's next reduce_grads (the unit's own activations, say). Between steps
+  //! only; a no-op where nothing is sharded or one rank holds everything.
+  void lend_grad_shard(std::size_t u, std::span<G> memory) {
+    require_final("lend_grad_shard()");
+    const auto& L = layouts_.at(u);
+    TESSERA_CHECK(opt_.lend_grad_shards, "lend_grad_shard('", L.name(),
+                  "') needs wrapper_options.lend_grad_shards (the wrapper owns its gradient shards otherwise)");
+    TESSERA_CHECK(!mb_open_ && !grads_ready_, "lend_grad_shard('", L.name(),
+                  "') during a step; lend between steps (after step() or zero_grad())");
+    if (!strategy::shards_optimizer || solo_) return;
+    TESSERA_CHECK(memory.size() >= L.shard_numel(), "lend_grad_shard('", L.name(), "'): ", memory.size(),
+                  " elements lent, its gradient shard needs ", L.shard_numel());
+    TESSERA_CHECK(reinterpret_cast<std::uintptr_t>(memory.data()) % 16 == 0, "lend_grad_shard('", L.name(),
+                  "'): memory not 16-byte aligned");
+    units_[u].grad_shard = memory.data();
+    units_[u].shard_fresh = true;
+  }
+  //! Whether gradient shards live in memory lent by the caller.
+  [[nodiscard]] bool lends_shards() const noexcept {
+    return opt_.lend_grad_shards && strategy::shards_optimizer && !solo_;
+  }
 
   //! Waits for every collective in flight.
   void synchronize() {
@@ -514,7 +546,8 @@ private:
     buffer<C> weights;       // full padded, or the shard under optim_grads_params
     buffer<M> main;          // optimizer range; empty when aliasing the compute weights
     buffer<G> grad_full;     // persistent full gradients (no_shard, optim)
-    buffer<G> grad_shard;    // reduced gradient shard (sharded optimizer)
+    buffer<G> own_shard;     // the reduced gradient shard's memory, unless lent
+    G* grad_shard = nullptr; // reduced gradient shard (sharded optimizer): own_shard or lent memory
     comm::request weights_ready;  // post-step all-gather (optim, optim_grads)
     int gathered_slot = -1;  // gather pool slot (optim_grads_params)
     int grad_slot = -1;      // reduction slot holding this micro-batch's full gradients (sharded grads)
@@ -550,6 +583,14 @@ private:
     if (!wire_is_grad) b += padded * sizeof(W);
     if (strategy::shards_optimizer && !wire_is_grad) b += shard * sizeof(W);  // staging for the conversion back
     return b;
+  }
+  // Unit u's reduced gradient shard; a clear error where it was to be lent and was not.
+  std::span<G> shard_of(std::size_t u) {
+    auto& st = units_[u];
+    TESSERA_CHECK(st.grad_shard != nullptr, "unit '", layouts_[u].name(),
+                  "' has no gradient shard: wrapper_options.lend_grad_shards is set and lend_grad_shard was not "
+                  "called for it");
+    return {st.grad_shard, layouts_[u].shard_numel()};
   }
   // What a reduced sum is multiplied by after the collective (post_divide: 1/N).
   float post_scale() const {
@@ -630,9 +671,10 @@ private:
         st.grad_full = buffer<G>(L.padded_numel());
         ops::fill(st.grad_full.span(), G{});  // the padding stays zero from here on
       }
-      if (strategy::shards_optimizer && !solo_) {
-        st.grad_shard = buffer<G>(L.shard_numel());
-        ops::fill(st.grad_shard.span(), G{});
+      if (strategy::shards_optimizer && !solo_ && !opt_.lend_grad_shards) {
+        st.own_shard = buffer<G>(L.shard_numel());
+        ops::fill(st.own_shard.span(), G{});
+        st.grad_shard = st.own_shard.data();
       }
       units_.push_back(std::move(st));
     }
@@ -744,11 +786,11 @@ private:
         break;
       case slot_state::direct:
         if (post != 1.0f)
-          ops::for_each(L.shard_numel(), scale_convert<G, G>{st.grad_shard.data(), st.grad_shard.data(), post});
+          ops::for_each(L.shard_numel(), scale_convert<G, G>{st.grad_shard, st.grad_shard, post});
         break;
       case slot_state::staged:
         ops::for_each(L.shard_numel(),
-                      accumulate_convert<G, W>{sl.wire_shard.data(), st.grad_shard.data(), post, st.shard_fresh});
+                      accumulate_convert<G, W>{sl.wire_shard.data(), st.grad_shard, post, st.shard_fresh});
         break;
     }
     st.shard_fresh = false;
