@@ -44,7 +44,7 @@ struct bench_options {
   double clip = 1.0;
   int gemm_sms = -1, nccl_ctas = 0, gather_buffers = 2;  // gemm_sms -1: all SMs but nccl_ctas (see gpu_placement)
   std::string wire = "fp32";
-  bool overlap = true, recompute_gelu = false;
+  bool overlap = true, recompute_gelu = false, lend_grad_shards = false;
   std::vector<std::string> strategies{"no_shard", "optim", "optim_grads", "optim_grads_params"};
   std::string wrapper = "fsdp", json, comm = "auto";
 };
@@ -149,7 +149,8 @@ strategy_result run_strategy(const bench_options& o, const model_shape& s, Comm&
   strategy_result res;
   res.name = std::string(Cfg::strategy::name);
   {
-    Wrapper model(comm, wrapper_options{.gather_buffers = o.gather_buffers});
+    Wrapper model(comm, wrapper_options{.gather_buffers = o.gather_buffers,
+                                        .lend_grad_shards = o.lend_grad_shards});
     const mlp_lm::model_ids ids = mlp_lm::register_model(model, s);
     model.finalize();
     mlp_lm::init_model(model, ids, s, 1);
@@ -175,6 +176,8 @@ strategy_result run_strategy(const bench_options& o, const model_shape& s, Comm&
                     pl.gathered_buffers;
       res.model_state = pl.total() + opt.state_bytes();
     }
+    const std::size_t own_shards = o.lend_grad_shards ? net.lend_grad_shards() : 0;
+    res.model_state += own_shards;  // shards too large for their unit's activations
     res.estimate = res.model_state + decltype(net)::workspace_bytes(s, n_alloc, nopt) +
                    tessera::cuda::matmul_workspace_bytes();
     const mlp_lm::corpus data("", 1, s.ctx);
@@ -330,12 +333,18 @@ int main(int argc, char** argv) {
                  "gathered-unit buffers (optim_grads_params; 2: double buffering, the number of units: nothing "
                  "re-gathered in backward)");
   app.add_flag("--recompute-gelu", o.recompute_gelu, "keep each block's GELU input only, recompute its output in backward");
+  app.add_flag("--lend-grad-shards", o.lend_grad_shards,
+               "reduced gradient shards live in their unit's activations (wrapper_options::lend_grad_shards; --accum 1)");
   app.add_option("--wire", o.wire, "dtype gradients are reduced in: fp32, or bf16 (accumulated in fp32)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--nccl-ctas", o.nccl_ctas, "most SMs an NCCL collective may hold (0: NCCL's choice)");
   app.add_flag("!--no-overlap", o.overlap,
                "skip the compute-only and communication-only runs (several ranks) that give the overlap efficiency");
   CLI11_PARSE(app, argc, argv);
+  if (o.lend_grad_shards && o.accum > 1) {
+    std::fprintf(stderr, "tessera: --lend-grad-shards holds one micro-batch's reduction; use --accum 1\n");
+    return 2;
+  }
   try {
     comm::mpi_session session(&argc, &argv);
     comm::mpi world;
@@ -442,9 +451,11 @@ int main(int argc, char** argv) {
     out["gather_buffers"] = o.gather_buffers;
     out["wire"] = o.wire;
     out["recompute_gelu"] = o.recompute_gelu;
-    if (talk && (o.gather_buffers != 2 || o.wire != "fp32" || o.recompute_gelu))
-      std::printf("# %d gather buffers, gradients reduced in %s%s\n", o.gather_buffers, o.wire.c_str(),
-                  o.recompute_gelu ? ", GELU outputs recomputed" : "");
+    out["lend_grad_shards"] = o.lend_grad_shards;
+    if (talk && (o.gather_buffers != 2 || o.wire != "fp32" || o.recompute_gelu || o.lend_grad_shards))
+      std::printf("# %d gather buffers, gradients reduced in %s%s%s\n", o.gather_buffers, o.wire.c_str(),
+                  o.recompute_gelu ? ", GELU outputs recomputed" : "",
+                  o.lend_grad_shards ? ", gradient shards in lent activations" : "");
     out["nccl_ctas"] = o.nccl_ctas;
     if (use_nccl) {
       comm::nccl c(world, comm::nccl_options{.max_ctas = o.nccl_ctas});

@@ -47,8 +47,8 @@ public:
   cuda_mlp(Wrapper& m, const model_ids& ids, const model_shape& s, std::size_t max_tokens, net_options o = {})
       : m_(m), ids_(ids), s_(s), n_max_(max_tokens), recompute_(o.recompute_gelu) {
     const std::size_t D = std::size_t(s.d), H = std::size_t(s.hidden()), L = std::size_t(s.layers);
-    x_ = dbuf<C>((L + 1) * n_max_ * D);
-    pre_ = dbuf<C>(L * n_max_ * H);
+    // The residual stream and GELU inputs in one arena, block by block (see X, Pre).
+    arena_ = dbuf<C>(round8(n_max_ * D) + L * block_stride(s, n_max_));
     // With recomputation one block's GELU output at a time lives in dh_ (it is
     // consumed before dh_ is written in backward, and dh_ is idle in forward).
     if (!recompute_) act_ = dbuf<C>(L * n_max_ * H);
@@ -112,8 +112,9 @@ public:
   //! Device bytes this class holds (activations, staging, scratch), for the memory estimate.
   [[nodiscard]] static std::size_t workspace_bytes(const model_shape& s, std::size_t max_tokens, net_options o = {}) {
     const std::size_t D = std::size_t(s.d), H = std::size_t(s.hidden()), L = std::size_t(s.layers), n = max_tokens;
-    const std::size_t kept = o.recompute_gelu ? L : 2 * L;  // per block: GELU input, and output unless recomputed
-    return sizeof(C) * ((L + 1) * n * D + kept * n * H + n * vocab + n * D + n * H + H + n * std::size_t(s.ctx) * vocab) +
+    const std::size_t act = o.recompute_gelu ? 0 : L * n * H;  // GELU outputs, unless recomputed
+    return sizeof(C) * (round8(n * D) + L * block_stride(s, n) + act + n * vocab + n * D + n * H + H +
+                        n * std::size_t(s.ctx) * vocab) +
            sizeof(float) * scratch_floats(s) + sizeof(double) +
            input_bytes_for(s, n);
   }
@@ -125,10 +126,8 @@ public:
   void forward_backward(const std::uint8_t* ctx, const std::uint8_t* target, std::size_t n, double global_tokens) {
     TESSERA_CHECK(n <= n_max_, "micro-batch of ", n, " tokens over the planned ", n_max_);
     const int N = int(n), d = s_.d, e = s_.e(), hd = s_.hidden(), L = s_.layers;
-    const std::size_t D = std::size_t(d), H = std::size_t(hd);
+    const std::size_t H = std::size_t(hd);
     const auto [dctx, dtgt, order, starts] = stage(ctx, target, n);
-    auto X = [&](int l) { return x_.data() + std::size_t(l) * n_max_ * D; };
-    auto Pre = [&](int l) { return pre_.data() + std::size_t(l) * n_max_ * H; };
     auto off = [&](tessera::param_id p) { return m_.engine().slot(p).offset; };
 
     // ---- forward ----
@@ -212,6 +211,31 @@ public:
       }
       sc.reduce_grads();
     }
+  }
+
+  //! Lends each unit's reduced gradient shard the memory of that unit's own
+  //! activations (wrapper_options::lend_grad_shards): block l's GELU input and
+  //! output stream (dead once block l's backward ran, which comes before its
+  //! reduction), the head's logits, the embedding's output. A unit whose
+  //! activations are smaller than its shard gets a buffer of its own; returns
+  //! the bytes of those, for the memory estimate.
+  std::size_t lend_grad_shards() {
+    const std::size_t D = std::size_t(s_.d);
+    std::size_t own = 0;
+    auto lend = [&](tessera::unit_id u, C* region, std::size_t elems) {
+      const std::size_t need = m_.engine().layout(std::size_t(u.index)).shard_numel();
+      std::span<float> mem(reinterpret_cast<float*>(region), elems * sizeof(C) / sizeof(float));
+      if (mem.size() < need) {
+        own_shards_.emplace_back(need);
+        own += need * sizeof(float);
+        mem = own_shards_.back().span();
+      }
+      m_.lend_grad_shard(u, mem);
+    };
+    for (int l = 0; l < s_.layers; ++l) lend(ids_.blocks[std::size_t(l)].unit, Pre(l), block_stride(s_, n_max_));
+    lend(ids_.head, z_.data(), n_max_ * vocab);
+    lend(ids_.embed, X(0), n_max_ * D);
+    return own;
   }
 
   //! Starts copying the loss summed since the last take_loss to the host (call before the optimizer step).
@@ -325,7 +349,7 @@ private:
     float* any = scratch_.data();
     auto ok = [&](int m, int n) {
       return tessera::cuda::matmul_supported(tessera::cuda::matmul_problem<C, float>{
-          .trans_a = true, .m = m, .n = n, .k = N, .a = dh_.data(), .b = x_.data(), .d = any, .ep = epilogue::bgrad_a,
+          .trans_a = true, .m = m, .n = n, .k = N, .a = dh_.data(), .b = X(0), .d = any, .ep = epilogue::bgrad_a,
           .bias_grad = any});
     };
     return ok(d, hd) && ok(hd, d) && ok(vocab, d);
@@ -339,16 +363,28 @@ private:
   // Checks once that cuBLASLt runs both fused epilogues at this model's shapes.
   bool epilogues_supported() {
     const int N = int(n_max_), d = s_.d, hd = s_.hidden();
-    C* any = pre_.data();
-    return tessera::cuda::matmul_supported(problem<C>{.trans_b = true, .m = N, .n = hd, .k = d, .a = x_.data(),
+    C* any = Pre(0);
+    return tessera::cuda::matmul_supported(problem<C>{.trans_b = true, .m = N, .n = hd, .k = d, .a = X(0),
                                                       .b = any, .d = act(0), .ep = epilogue::gelu_aux_bias,
-                                                      .bias = bgrad_.data(), .aux = pre_.data()}) &&
+                                                      .bias = bgrad_.data(), .aux = Pre(0)}) &&
            tessera::cuda::matmul_supported(problem<C>{.m = N, .n = hd, .k = d, .a = dx_.data(), .b = any,
-                                                      .d = dh_.data(), .ep = epilogue::dgelu, .aux = pre_.data()}) &&
+                                                      .d = dh_.data(), .ep = epilogue::dgelu, .aux = Pre(0)}) &&
            tessera::cuda::matmul_supported(problem<C>{.trans_b = true, .m = N, .n = d, .k = hd, .a = act(0),
-                                                      .b = any, .d = x_.data(), .beta = 1, .ep = epilogue::bias,
+                                                      .b = any, .d = X(0), .beta = 1, .ep = epilogue::bias,
                                                       .bias = bgrad_.data()});
   }
+
+  // Arena layout: X(0), then per block l its GELU input Pre(l) followed by its
+  // output stream X(l+1). Both are dead once block l's backward ran (X(l+1)
+  // was last read by block l+1's), so the block's region can hold its gradient
+  // shard from its reduction to the next forward. Offsets in multiples of 8
+  // elements keep every matrix 16-byte aligned.
+  static std::size_t round8(std::size_t n) { return (n + 7) / 8 * 8; }
+  static std::size_t block_stride(const model_shape& s, std::size_t n) {
+    return round8(n * std::size_t(s.hidden())) + round8(n * std::size_t(s.d));
+  }
+  C* Pre(int l) { return arena_.data() + round8(n_max_ * std::size_t(s_.d)) + std::size_t(l) * block_stride(s_, n_max_); }
+  C* X(int l) { return l == 0 ? arena_.data() : Pre(l - 1) + round8(n_max_ * std::size_t(s_.hidden())); }
 
   // Block l's GELU output: kept per block, or (recomputed) one at a time in dh_.
   C* act(int l) { return recompute_ ? dh_.data() : act_.data() + std::size_t(l) * n_max_ * std::size_t(s_.hidden()); }
@@ -372,7 +408,8 @@ private:
   std::array<int, products> choice_{};
   std::array<std::pair<float, float>, products> timings_{};
   bool fused_ = false, bgrad_fused_ = false, one_hot_gemm_ = false;
-  dbuf<C> x_, pre_, act_, z_, dx_, dh_, bgrad_, one_hot_;
+  dbuf<C> arena_, act_, z_, dx_, dh_, bgrad_, one_hot_;
+  std::vector<dbuf<float>> own_shards_;  // gradient shards of units whose activations are too small to lend
   dbuf<float> scratch_;
   dbuf<double> loss_;
   dbuf<std::byte> inputs_;

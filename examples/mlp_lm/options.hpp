@@ -18,7 +18,7 @@ struct options {
   std::string data, save, load, dump_weights;
   int save_every = 0, keep = 0;
   int gemm_sms = -1, nccl_ctas = 0;  // -1: the default for the communicator (see cuda_main.cuh)
-  bool json = false, recompute_gelu = false;
+  bool json = false, recompute_gelu = false, lend_grad_shards = false;
 };
 
 //! Parses argv into o. Returns -1 to continue, else the exit code (0 after --help).
@@ -40,6 +40,9 @@ inline int parse(int argc, char** argv, options& o) {
       ->check(CLI::Range(0, 64));
   app.add_flag("--recompute-gelu", o.recompute_gelu,
                "cuda backend: keep each block's GELU input only, recompute its output in backward (less memory)");
+  app.add_flag("--lend-grad-shards", o.lend_grad_shards,
+               "cuda backend: reduced gradient shards live in their own unit's activations between its backward and "
+               "the next forward (less memory; --accum 1 under optim_grads and optim_grads_params)");
   app.add_option("--wrapper", o.wrapper, "ddp or fsdp")->check(CLI::IsMember({"ddp", "fsdp"}));
   app.add_option("--strategy", o.strategy, "no_shard, optim, optim_grads or optim_grads_params")
       ->check(CLI::IsMember({"no_shard", "optim", "optim_grads", "optim_grads_params"}));
@@ -87,6 +90,9 @@ inline int parse(int argc, char** argv, options& o) {
     return bad("--tokens " + std::to_string(o.tokens) + " does not split into --accum " + std::to_string(o.accum) +
                " equal micro-batches");
   if (o.save_every > 0 && o.save.empty()) return bad("--save-every needs --save DIR");
+  if (o.lend_grad_shards && o.backend != "cuda") return bad("--lend-grad-shards needs --backend cuda");
+  if (o.lend_grad_shards && o.accum > 1 && (o.strategy == "optim_grads" || o.strategy == "optim_grads_params"))
+    return bad("--lend-grad-shards holds one micro-batch's reduction; use --accum 1 with --strategy " + o.strategy);
   if (o.wrapper == "ddp" && o.strategy == "optim_grads_params")
     return bad("--wrapper ddp cannot shard parameters; use --wrapper fsdp for optim_grads_params");
   return -1;

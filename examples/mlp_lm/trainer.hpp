@@ -65,7 +65,7 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, const devi
   const model_shape shape{o.layers, o.d, o.ctx};
 
   memory_of<B>().reset_peak();
-  Wrapper model(comm);
+  Wrapper model(comm, wrapper_options{.lend_grad_shards = o.lend_grad_shards});
   const model_ids ids = register_model(model, shape);
   model.finalize();
   init_model(model, ids, shape, o.seed);
@@ -114,8 +114,11 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, const devi
   if (o.fusion != "auto") net.force_fusion(o.fusion == "on");
   if constexpr (requires { net.set_gemm_sms(0); })
     if (o.gemm_sms > 0 && N > 1) net.set_gemm_sms(o.gemm_sms);
-  const memory_estimate est{model.planned().total(), opt.state_bytes(), Net::workspace_bytes(shape, n_alloc, nopt),
-                            blas_workspace};
+  std::size_t own_shards = 0;  // gradient shards too large for their unit's activations
+  if constexpr (requires { net.lend_grad_shards(); })
+    if (o.lend_grad_shards) own_shards = net.lend_grad_shards();
+  const memory_estimate est{model.planned().total(), opt.state_bytes(),
+                            Net::workspace_bytes(shape, n_alloc, nopt) + own_shards, blas_workspace};
 
   // The host samples micro-batch i + 1 while the device runs micro-batch i.
   struct batch {

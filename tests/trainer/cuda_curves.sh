@@ -28,6 +28,15 @@ check "fp32 at d 512: GPU (fsdp/optim_grads_params, 2 ranks) = host (no_shard)" 
 check "bf16: GELU outputs recomputed in backward = kept" \
   $curves 2e-2 1 "--backend cuda --precision bf16 --strategy no_shard" \
   2 "--backend cuda --precision bf16 --strategy optim_grads_params --recompute-gelu" $model
+# Gradient shards in lent activations (memory only: the arithmetic is the
+# same); the second check's 8 tokens per rank are too few to hold a block's
+# shard, so those units fall back to buffers of their own.
+check "fp32: gradient shards lent to activations (optim_grads_params, 2 ranks) = no_shard" \
+  $curves 1e-4 1 "--backend cuda --precision fp32 --strategy no_shard" \
+  2 "--backend cuda --precision fp32 --strategy optim_grads_params --lend-grad-shards" $model
+check "bf16: lent gradient shards, 8 tokens per rank (own-buffer fallback), optim with 2 micro-batches" \
+  $curves 2e-2 1 "--backend cuda --precision bf16 --strategy no_shard" \
+  2 "--backend cuda --precision bf16 --strategy optim --lend-grad-shards" $model --tokens 32 --accum 2
 check "bf16: fused epilogues = separate kernels" \
   $curves 2e-2 1 "--backend cuda --precision bf16 --strategy no_shard --fusion off" \
   1 "--backend cuda --precision bf16 --strategy no_shard --fusion on" $model

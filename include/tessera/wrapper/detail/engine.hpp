@@ -480,13 +480,15 @@ public:
                   "') needs wrapper_options.lend_grad_shards (the wrapper owns its gradient shards otherwise)");
     TESSERA_CHECK(!mb_open_ && !grads_ready_, "lend_grad_shard('", L.name(),
                   "') during a step; lend between steps (after step() or zero_grad())");
-    if (!strategy::shards_optimizer || solo_) return;
-    TESSERA_CHECK(memory.size() >= L.shard_numel(), "lend_grad_shard('", L.name(), "'): ", memory.size(),
-                  " elements lent, its gradient shard needs ", L.shard_numel());
-    TESSERA_CHECK(reinterpret_cast<std::uintptr_t>(memory.data()) % 16 == 0, "lend_grad_shard('", L.name(),
-                  "'): memory not 16-byte aligned");
-    units_[u].grad_shard = memory.data();
-    units_[u].shard_fresh = true;
+    if constexpr (strategy::shards_optimizer) {
+      if (solo_) return;
+      TESSERA_CHECK(memory.size() >= L.shard_numel(), "lend_grad_shard('", L.name(), "'): ", memory.size(),
+                    " elements lent, its gradient shard needs ", L.shard_numel());
+      TESSERA_CHECK(reinterpret_cast<std::uintptr_t>(memory.data()) % 16 == 0, "lend_grad_shard('", L.name(),
+                    "'): memory not 16-byte aligned");
+      units_[u].grad_shard = memory.data();
+      units_[u].shard_fresh = true;
+    }
   }
   //! Whether gradient shards live in memory lent by the caller.
   [[nodiscard]] bool lends_shards() const noexcept {
