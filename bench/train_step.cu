@@ -44,7 +44,7 @@ struct bench_options {
   double clip = 1.0;
   int gemm_sms = -1, nccl_ctas = 0, gather_buffers = 2;  // gemm_sms -1: all SMs but nccl_ctas (see gpu_placement)
   std::string wire = "fp32";
-  bool overlap = true, recompute_gelu = false, lend_grad_shards = false;
+  bool overlap = true, recompute_gelu = false, lend_grad_shards = false, copy_engine_gathers = false;
   std::vector<std::string> strategies{"no_shard", "optim", "optim_grads", "optim_grads_params"};
   std::string wrapper = "fsdp", json, comm = "auto";
 };
@@ -338,6 +338,8 @@ int main(int argc, char** argv) {
   app.add_option("--wire", o.wire, "dtype gradients are reduced in: fp32, or bf16 (accumulated in fp32)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--nccl-ctas", o.nccl_ctas, "most SMs an NCCL collective may hold (0: NCCL's choice)");
+  app.add_flag("--copy-engine-gathers", o.copy_engine_gathers,
+               "all-gathers on copy engines (nccl_options::copy_engine_gathers: symmetric windows, zero-CTA policy)");
   app.add_flag("!--no-overlap", o.overlap,
                "skip the compute-only and communication-only runs (several ranks) that give the overlap efficiency");
   CLI11_PARSE(app, argc, argv);
@@ -457,8 +459,10 @@ int main(int argc, char** argv) {
                   o.recompute_gelu ? ", GELU outputs recomputed" : "",
                   o.lend_grad_shards ? ", gradient shards in lent activations" : "");
     out["nccl_ctas"] = o.nccl_ctas;
+    out["copy_engine_gathers"] = o.copy_engine_gathers;
+    if (talk && o.copy_engine_gathers) std::printf("# all-gathers on copy engines (NCCL zero-CTA policy, symmetric windows)\n");
     if (use_nccl) {
-      comm::nccl c(world, comm::nccl_options{.max_ctas = o.nccl_ctas});
+      comm::nccl c(world, comm::nccl_options{.max_ctas = o.nccl_ctas, .copy_engine_gathers = o.copy_engine_gathers});
       run_all(c);
     } else {
       comm::mpi_device c;

@@ -37,7 +37,7 @@ inline int run_cuda(const options& o_in, tessera::comm::mpi& world) {
                 which == "nccl" ? "NCCL" : "MPI staged through pinned host memory");
   cuda_usage usage;
   if (which == "nccl") {
-    comm::nccl c(world, comm::nccl_options{.max_ctas = o.nccl_ctas});
+    comm::nccl c(world, comm::nccl_options{.max_ctas = o.nccl_ctas, .copy_engine_gathers = o.copy_engine_gathers});
     usage.baseline = cuda_usage::in_use();
     return dispatch<backend::cuda, cuda_mlp>(o, world, c, usage, tessera::cuda::matmul_workspace_bytes());
   }

@@ -18,7 +18,7 @@ struct options {
   std::string data, save, load, dump_weights;
   int save_every = 0, keep = 0;
   int gemm_sms = -1, nccl_ctas = 0;  // -1: the default for the communicator (see cuda_main.cuh)
-  bool json = false, recompute_gelu = false, lend_grad_shards = false;
+  bool json = false, recompute_gelu = false, lend_grad_shards = false, copy_engine_gathers = false;
 };
 
 //! Parses argv into o. Returns -1 to continue, else the exit code (0 after --help).
@@ -38,6 +38,8 @@ inline int parse(int argc, char** argv, options& o) {
       ->check(CLI::Range(-1, 1 << 12));
   app.add_option("--nccl-ctas", o.nccl_ctas, "cuda backend: most SMs an NCCL collective may hold (0: NCCL's choice)")
       ->check(CLI::Range(0, 64));
+  app.add_flag("--copy-engine-gathers", o.copy_engine_gathers,
+               "cuda backend with NCCL: all-gathers on copy engines, no SMs (symmetric windows, zero-CTA policy)");
   app.add_flag("--recompute-gelu", o.recompute_gelu,
                "cuda backend: keep each block's GELU input only, recompute its output in backward (less memory)");
   app.add_flag("--lend-grad-shards", o.lend_grad_shards,

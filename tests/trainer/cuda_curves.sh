@@ -37,6 +37,13 @@ check "fp32: gradient shards lent to activations (optim_grads_params, 2 ranks) =
 check "bf16: lent gradient shards, 8 tokens per rank (own-buffer fallback), optim with 2 micro-batches" \
   $curves 2e-2 1 "--backend cuda --precision bf16 --strategy no_shard" \
   2 "--backend cuda --precision bf16 --strategy optim --lend-grad-shards" $model --tokens 32 --accum 2
+# All-gathers on copy engines (NCCL symmetric windows; NCCL only, so where
+# each rank has its own GPU) with lent gradient shards.
+if [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" -ge 2 ]; then
+  check "bf16: all-gathers on copy engines + lent shards (2 ranks, NCCL) = no_shard" \
+    $curves 2e-2 1 "--backend cuda --precision bf16 --strategy no_shard" \
+    2 "--backend cuda --precision bf16 --strategy optim_grads_params --copy-engine-gathers --lend-grad-shards" $model
+fi
 check "bf16: fused epilogues = separate kernels" \
   $curves 2e-2 1 "--backend cuda --precision bf16 --strategy no_shard --fusion off" \
   1 "--backend cuda --precision bf16 --strategy no_shard --fusion on" $model

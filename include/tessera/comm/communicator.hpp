@@ -118,6 +118,8 @@ class handle {
     virtual request iall_gather(const void*, void*, std::size_t, dtype) = 0;
     virtual request ireduce_scatter(const void*, void*, std::size_t, dtype, reduce_op) = 0;
     virtual request iall_reduce(const void*, void*, std::size_t, dtype, reduce_op) = 0;
+    virtual void* alloc_symmetric(std::size_t) = 0;
+    virtual void free_symmetric(void*) noexcept = 0;
   };
   template <class C>
   struct model final : iface {
@@ -141,6 +143,13 @@ class handle {
     }
     request iall_reduce(const void* s, void* r, std::size_t n, dtype t, reduce_op o) override {
       return c_.iall_reduce(s, r, n, t, o);
+    }
+    void* alloc_symmetric(std::size_t bytes) override {
+      if constexpr (requires { c_.alloc_symmetric(bytes); }) return c_.alloc_symmetric(bytes);
+      else return nullptr;
+    }
+    void free_symmetric(void* p) noexcept override {
+      if constexpr (requires { c_.free_symmetric(p); }) c_.free_symmetric(p);
     }
     C& c_;
   };
@@ -173,6 +182,13 @@ public:
   [[nodiscard]] request iall_reduce(const void* s, void* r, std::size_t n, dtype t, reduce_op o) {
     return impl_->iall_reduce(s, r, n, t, o);
   }
+  //! Device memory shared with the other ranks (collective: every rank asks
+  //! for the same sizes in the same order), in which collectives may take a
+  //! faster path (comm::nccl: a symmetric window, all-gathers on copy
+  //! engines); null where the communicator has none or was not asked to.
+  [[nodiscard]] void* alloc_symmetric(std::size_t bytes) { return impl_->alloc_symmetric(bytes); }
+  //! Returns memory from alloc_symmetric (collective, like the allocation).
+  void free_symmetric(void* p) noexcept { impl_->free_symmetric(p); }
 
 private:
   std::shared_ptr<iface> impl_;

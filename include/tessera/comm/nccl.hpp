@@ -24,11 +24,14 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <unistd.h>
 
 #include "tessera/backend/cuda/stream.hpp"
+#include "tessera/backend/memory.hpp"
 #include "tessera/comm/communicator.hpp"
 #include "tessera/comm/mpi.hpp"
 
@@ -54,6 +57,11 @@ struct nccl_options {
   //! Most CTAs (SMs) a collective may occupy (NCCL's config.maxCTAs); 0 = NCCL's
   //! choice. Fewer leaves more SMs to compute that overlaps the collective.
   int max_ctas = 0;
+  //! All-gathers between buffers from alloc_symmetric() run on the copy
+  //! engines (NCCL's zero-CTA policy over symmetric windows, NCCL 2.28 and
+  //! later): they take no SMs from the compute they overlap. The wrappers put
+  //! their gather buffers and parameter shards (optim_grads_params) there.
+  bool copy_engine_gathers = false;
 };
 
 class nccl {
@@ -107,12 +115,16 @@ public:
   nccl(nccl&& o) noexcept
       : opt_(o.opt_), comm_(std::exchange(o.comm_, nullptr)), stream_(std::move(o.stream_)),
         ready_(std::move(o.ready_)), done_pool_(std::move(o.done_pool_)), rank_(o.rank_), size_(o.size_),
-        aborted_(o.aborted_), barrier_(std::exchange(o.barrier_, nullptr)) {}
+        aborted_(o.aborted_), barrier_(std::exchange(o.barrier_, nullptr)), windows_(std::move(o.windows_)) {}
   nccl& operator=(nccl&&) = delete;
   nccl(const nccl&) = delete;
   nccl& operator=(const nccl&) = delete;
   ~nccl() {
     if (barrier_) cudaFree(barrier_);
+    for (auto& [p, w] : windows_) {  // what the owner did not return: dropped without deregistering
+      ncclMemFree(p);
+      memory_of<backend::cuda>().sub(w.second);
+    }
     if (!comm_) return;
     if (aborted_) return;
     if (opt_.timeout_s > 0) ncclCommAbort(comm_);  // a non-blocking destroy could wait forever
@@ -130,6 +142,42 @@ public:
     ncclComm_t c = nullptr;
     issue("split", 0, dtype::u8, [&] { return ncclCommSplit(comm_, color, key, &c, &cfg); });
     return nccl(c, opt_);
+  }
+
+  //! With copy_engine_gathers: `bytes` of device memory (ncclMemAlloc)
+  //! registered as a symmetric window. Collective: every rank allocates the
+  //! same sizes in the same order, and uses the same offsets into them in a
+  //! collective. Null without copy_engine_gathers (the caller allocates itself).
+  [[nodiscard]] void* alloc_symmetric(std::size_t bytes) {
+    if (!opt_.copy_engine_gathers || bytes == 0) return nullptr;
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 28, 0)
+    detail::fail("nccl_options::copy_engine_gathers needs NCCL 2.28 or later (built with " +
+                 std::to_string(NCCL_VERSION_CODE) + ")");
+#else
+    void* p = nullptr;
+    TESSERA_NCCL(comm_, ncclMemAlloc(&p, bytes));
+    ncclWindow_t w{};
+    const ncclResult_t rc = ncclCommWindowRegister(comm_, p, bytes, &w, NCCL_WIN_COLL_SYMMETRIC);
+    if (rc != ncclSuccess) {
+      ncclMemFree(p);
+      TESSERA_NCCL(comm_, rc);
+    }
+    windows_.emplace(p, std::pair{w, bytes});
+    memory_of<backend::cuda>().add(bytes);
+    return p;
+#endif
+  }
+  //! Deregisters and frees memory from alloc_symmetric (collective, like it).
+  void free_symmetric(void* p) noexcept {
+    const auto it = windows_.find(p);
+    if (it == windows_.end()) return;
+    cudaDeviceSynchronize();  // no collective or kernel still uses it
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+    if (!aborted_) ncclCommWindowDeregister(comm_, it->second.first);
+#endif
+    ncclMemFree(p);
+    memory_of<backend::cuda>().sub(it->second.second);
+    windows_.erase(it);
   }
 
   void all_gather(const void* s, void* r, std::size_t n, dtype t) { iall_gather(s, r, n, t).wait(); }
@@ -172,6 +220,9 @@ private:
       cfg.maxCTAs = opt_.max_ctas;
       cfg.minCTAs = std::min(cfg.minCTAs > 0 ? cfg.minCTAs : 1, opt_.max_ctas);
     }
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+    if (opt_.copy_engine_gathers) cfg.CTAPolicy = NCCL_CTA_POLICY_ZERO;
+#endif
     return cfg;
   }
   void init(int rank, int size, const ncclUniqueId& id) {
@@ -285,6 +336,12 @@ private:
   int rank_ = 0, size_ = 1;
   bool aborted_ = false;
   void* barrier_ = nullptr;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+  using window_t = ncclWindow_t;
+#else
+  using window_t = void*;
+#endif
+  std::unordered_map<void*, std::pair<window_t, std::size_t>> windows_;  // alloc_symmetric's, with their bytes
 };
 
 }  // namespace tessera::comm

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tessera/backend/ops.hpp"
@@ -49,6 +50,54 @@ struct accumulate_convert {
     const float v = convert<float>(x[i]) * s;
     y[i] = overwrite ? convert<To>(v) : convert<To>(convert<float>(y[i]) + v);
   }
+};
+
+//! n elements of T in device memory shared with the other ranks where the
+//! communicator offers it (comm::handle::alloc_symmetric: collectives between
+//! such buffers may take a faster path), else a plain backend buffer.
+template <class T, class B>
+class comm_buffer {
+public:
+  comm_buffer() = default;
+  comm_buffer(comm::handle<B> c, std::size_t n, bool shared) : n_(n) {
+    if (shared && n > 0)
+      if (void* p = c.alloc_symmetric(n * sizeof(T))) {
+        comm_ = std::move(c);
+        ptr_ = static_cast<T*>(p);
+        return;
+      }
+    own_ = typename backend_ops<B>::template buffer<T>(n);
+    ptr_ = own_.data();
+  }
+  comm_buffer(comm_buffer&& o) noexcept
+      : own_(std::move(o.own_)), comm_(std::move(o.comm_)), ptr_(std::exchange(o.ptr_, nullptr)),
+        n_(std::exchange(o.n_, 0)) {}
+  comm_buffer& operator=(comm_buffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      own_ = std::move(o.own_);
+      comm_ = std::move(o.comm_);
+      ptr_ = std::exchange(o.ptr_, nullptr);
+      n_ = std::exchange(o.n_, 0);
+    }
+    return *this;
+  }
+  ~comm_buffer() { release(); }
+  [[nodiscard]] T* data() noexcept { return ptr_; }
+  [[nodiscard]] std::span<T> span() noexcept { return {ptr_, n_}; }
+  [[nodiscard]] std::span<const T> span() const noexcept { return {ptr_, n_}; }
+  [[nodiscard]] bool shared() const noexcept { return bool(comm_); }
+
+private:
+  void release() noexcept {
+    if (comm_ && ptr_) comm_.free_symmetric(ptr_);
+    comm_ = {};
+    ptr_ = nullptr;
+  }
+  typename backend_ops<B>::template buffer<T> own_;
+  comm::handle<B> comm_;  // set when the memory came from the communicator
+  T* ptr_ = nullptr;
+  std::size_t n_ = 0;
 };
 
 template <config_type Cfg>
@@ -545,7 +594,7 @@ private:
     std::vector<tensor_spec> tensors;
   };
   struct unit_state {
-    buffer<C> weights;       // full padded, or the shard under optim_grads_params
+    comm_buffer<C, backend_type> weights;  // full padded, or the shard under optim_grads_params (shared memory then)
     buffer<M> main;          // optimizer range; empty when aliasing the compute weights
     buffer<G> grad_full;     // persistent full gradients (no_shard, optim)
     buffer<G> own_shard;     // the reduced gradient shard's memory, unless lent
@@ -570,7 +619,7 @@ private:
     std::uint64_t order = 0;
   };
   struct gathered_slot {
-    buffer<C> data;
+    comm_buffer<C, backend_type> data;  // in shared memory with the shards: all-gathers between them may skip SMs
     comm::request ready;
     int unit = -1;
     std::uint64_t last_use = 0;
@@ -663,7 +712,8 @@ private:
       max_padded = std::max(max_padded, L.padded_numel());
       max_shard = std::max(max_shard, L.shard_numel());
       unit_state st;
-      st.weights = buffer<C>(strategy::shards_params ? L.shard_numel() : L.padded_numel());
+      st.weights = strategy::shards_params ? comm_buffer<C, backend_type>(comm_, L.shard_numel(), !solo_)
+                                           : comm_buffer<C, backend_type>(comm_, L.padded_numel(), false);
       ops::fill(st.weights.span(), C{});
       if constexpr (!main_aliases_compute) {
         st.main = buffer<M>(opt_range(L).second);
@@ -689,7 +739,8 @@ private:
       slots_.push_back(std::move(s));
     }
     if constexpr (strategy::shards_params)
-      for (int i = 0; i < opt_.gather_buffers; ++i) gathered_.push_back({buffer<C>(max_padded), {}, -1, 0});
+      for (int i = 0; i < opt_.gather_buffers; ++i)
+        gathered_.push_back({comm_buffer<C, backend_type>(comm_, max_padded, true), {}, -1, 0});
   }
 
   std::span<C> compute_span(unit_state& st, const unit_layout&) { return st.weights.span(); }
