@@ -33,11 +33,16 @@ for path in a.runs:
             world, variant = int(m.group(1)), ''
             wrapper = m.group(2) or (given[block] if block < len(given) else 'fsdp')
             continue
-        m = re.match(r'# (\d+) gather buffers, gradients reduced in (\w+)(, GELU outputs recomputed)?', line)
+        m = re.match(r'# (\d+) gather buffers, gradients reduced in (\w+)(, GELU outputs recomputed)?'
+                     r'(, gradient shards in lent activations)?', line)
         if m:
             variant = ' ' + ', '.join(([f'{m.group(1)} gather buf.'] if m.group(1) != '2' else []) +
                                       ([f'{m.group(2)} reduction'] if m.group(2) != 'fp32' else []) +
-                                      (['GELU recomputed'] if m.group(3) else []))
+                                      (['GELU recomputed'] if m.group(3) else []) +
+                                      (['lent grad shards'] if m.group(4) else []))
+            continue
+        if line.startswith('# all-gathers on copy engines'):
+            variant = (variant + ',' if variant.strip() else '') + ' CE gathers'
             continue
         f = line.split()
         if f and f[0] in ('no_shard', 'optim', 'optim_grads', 'optim_grads_params') and len(f) >= 10:
