@@ -84,6 +84,13 @@ BOOST_AUTO_TEST_CASE(copy_engine_all_gather) {
   BOOST_TEST(wrong == 0u);
   ce.free_symmetric(recv);
   ce.free_symmetric(send);
+  // One rank cannot allocate: every rank gets the error, nobody waits in the registration.
+  const bool last = boot.rank() == boot.size() - 1;
+  tessera_test::expect_error([&] { (void)ce.alloc_symmetric(last ? std::size_t(1) << 52 : 4096); },
+                             last ? "ncclMemAlloc failed on this rank" : "ncclMemAlloc failed on another rank");
+  void* again = ce.alloc_symmetric(4096);  // the communicator still works
+  BOOST_TEST(again != nullptr);
+  ce.free_symmetric(again);
 }
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(fp32_matches_single_rank_no_shard, Cfg, fp32_configs) {

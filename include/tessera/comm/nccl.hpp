@@ -18,6 +18,7 @@
 #include <nccl.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -151,11 +152,20 @@ public:
   [[nodiscard]] void* alloc_symmetric(std::size_t bytes) {
     if (!opt_.copy_engine_gathers || bytes == 0) return nullptr;
 #if NCCL_VERSION_CODE < NCCL_VERSION(2, 28, 0)
-    detail::fail("nccl_options::copy_engine_gathers needs NCCL 2.28 or later (built with " +
+    ::tessera::detail::fail("nccl_options::copy_engine_gathers needs NCCL 2.28 or later (built with " +
                  std::to_string(NCCL_VERSION_CODE) + ")");
 #else
     void* p = nullptr;
-    TESSERA_NCCL(comm_, ncclMemAlloc(&p, bytes));
+    const ncclResult_t got = ncclMemAlloc(&p, bytes);
+    // Registration is collective: every rank learns whether all could
+    // allocate first, so one rank out of memory fails them all instead of
+    // leaving the others waiting in ncclCommWindowRegister.
+    if (!all_agree(got == ncclSuccess, "alloc_symmetric")) {
+      if (got == ncclSuccess) ncclMemFree(p);
+      ::tessera::detail::fail("alloc_symmetric(" + std::to_string(bytes) + " bytes): ncclMemAlloc failed on " +
+                   (got == ncclSuccess ? std::string("another rank") : "this rank (" + std::string(ncclGetErrorString(got)) + ")") +
+                   "; rank " + std::to_string(rank_) + " of " + std::to_string(size_));
+    }
     ncclWindow_t w{};
     const ncclResult_t rc = ncclCommWindowRegister(comm_, p, bytes, &w, NCCL_WIN_COLL_SYMMETRIC);
     if (rc != ncclSuccess) {
@@ -188,12 +198,18 @@ public:
   void broadcast(void* b, std::size_t n, dtype t, int root) {
     run("broadcast", n, t, [&] { return ncclBroadcast(b, b, n, type(t), root, comm_, stream_.get()); }).wait();
   }
-  void barrier() {
-    // An all-reduce of one byte, waited for on the host: NCCL has no barrier.
+  void barrier() { (void)all_agree(true, "barrier"); }
+  //! Whether `mine` holds on every rank (a one-byte min all-reduce, waited for on the host). Collective.
+  [[nodiscard]] bool all_agree(bool mine, const char* what = "all_agree") {
     if (!barrier_) TESSERA_CUDA(cudaMalloc(&barrier_, 1));
-    auto q = run("barrier", 1, dtype::u8, [&] { return ncclAllReduce(barrier_, barrier_, 1, ncclUint8, ncclSum, comm_, stream_.get()); });
-    q.wait();
-    TESSERA_CUDA(cudaStreamSynchronize(cuda::current_stream()));
+    const cudaStream_t s = cuda::current_stream();
+    std::uint8_t v = mine ? 1 : 0;
+    TESSERA_CUDA(cudaMemcpyAsync(barrier_, &v, 1, cudaMemcpyHostToDevice, s));
+    run(what, 1, dtype::u8, [&] { return ncclAllReduce(barrier_, barrier_, 1, ncclUint8, ncclMin, comm_, stream_.get()); })
+        .wait();
+    TESSERA_CUDA(cudaMemcpyAsync(&v, barrier_, 1, cudaMemcpyDeviceToHost, s));
+    TESSERA_CUDA(cudaStreamSynchronize(s));
+    return v != 0;
   }
 
   [[nodiscard]] request iall_gather(const void* s, void* r, std::size_t n, dtype t) {
