@@ -201,7 +201,7 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, const devi
                      {"fusion_choices", net.choices()},
                      {"steps", o.steps},
                      {"skipped_steps", opt.skipped_steps()},
-                     {"tokens_per_s", tps},
+                     {"tokens_per_s", tps}, {"tokens_per_s_per_rank", tps / N},
                      {"tflops", shape.flops_per_token() * tps / 1e12},
                      {"peak_bytes", peak[0]},
                      {"device_used_bytes", peak[1]},
@@ -209,9 +209,10 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, const devi
                      {"planned_model_state_bytes", est.model_state + est.optimizer_state}};
     if (o.json) std::printf("%s\n", j.dump().c_str());
     else
-      std::printf("done: final loss %.4f, %.0f tokens/s (%.2f TFLOP/s, steps after the first), peak %.2f MiB per rank "
-                  "(library buffers; estimate %.2f MiB%s)\n",
-                  final_loss, tps, shape.flops_per_token() * tps / 1e12, double(peak[0]) / (1 << 20),
+      std::printf("done: final loss %.4f, %.0f tokens/s over %d rank%s (%.0f and %.2f TFLOP/s per rank; steps after "
+                  "the first), peak %.2f MiB per rank (library buffers; estimate %.2f MiB%s)\n",
+                  final_loss, tps, N, N == 1 ? "" : "s", tps / N, shape.flops_per_token() * tps / N / 1e12,
+                  double(peak[0]) / (1 << 20),
                   double(est.total()) / (1 << 20),
                   std::is_same_v<B, backend::host>
                       ? ""
