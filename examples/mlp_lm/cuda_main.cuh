@@ -26,11 +26,11 @@ struct cuda_usage final : device_usage {
 inline int run_cuda(const options& o_in, tessera::comm::mpi& world) {
   using namespace tessera;
   const gpu_placement where = place_on_gpu(world.rank());
+  const std::string which = where.communicator(o_in.comm);
   options o = o_in;
-  o.gemm_sms = where.gemm_sms(o.gemm_sms, where.communicator(o.comm) == "nccl" ? o.nccl_ctas : 0, world.size());
+  o.gemm_sms = where.gemm_sms(o.gemm_sms, which == "nccl" ? o.nccl_ctas : 0, world.size());
   tessera::cuda::stream compute;
   tessera::cuda::set_current_stream(compute.get());
-  const std::string which = where.communicator(o.comm);
   if (world.rank() == 0 && !o.json)
     std::printf("tessera-mlp-lm: %d rank%s on %d GPU%s, communicator %s\n", world.size(), world.size() == 1 ? "" : "s",
                 std::min(where.gpus, where.local_size), where.gpus == 1 ? "" : "s",

@@ -14,6 +14,13 @@ curves="python3 $here/compare_curves.py $mpiexec $trainer"
 model="--layers 2 --d 128 --ctx 8 --tokens 1536 --steps 40 --log-every 4 --lr 3e-3 --warmup 4"
 fail=0
 check() { echo "-- $1"; shift; if ! "$@" | tail -1; then fail=1; fi; }
+# same DESC TOL PRECISION NP "FLAGS" [ARGS...]: NP GPU ranks with FLAGS
+# reproduce one GPU rank of no_shard at the same precision, on $model ARGS.
+same() {
+  local desc=$1 tol=$2 prec=$3 np=$4 flags=$5; shift 5
+  check "$desc" $curves "$tol" 1 "--backend cuda --precision $prec --strategy no_shard" \
+    "$np" "--backend cuda --precision $prec $flags" $model "$@"
+}
 
 check "fp32: GPU (fsdp/optim_grads_params) = host (no_shard)" \
   $curves 1e-4 1 "--backend host --precision fp32 --strategy no_shard --wrapper ddp" \
@@ -25,24 +32,19 @@ check "fp32 at d 512: GPU (fsdp/optim_grads_params, 2 ranks) = host (no_shard)" 
   $curves 1e-4 1 "--backend host --precision fp32 --strategy no_shard --wrapper ddp" \
   2 "--backend cuda --precision fp32 --strategy optim_grads_params --wrapper fsdp" \
   --layers 4 --d 512 --ctx 8 --tokens 4096 --steps 5 --log-every 1 --lr 1e-3
-check "bf16: GELU outputs recomputed in backward = kept" \
-  $curves 2e-2 1 "--backend cuda --precision bf16 --strategy no_shard" \
-  2 "--backend cuda --precision bf16 --strategy optim_grads_params --recompute-gelu" $model
+same "bf16: GELU outputs recomputed in backward = kept" 2e-2 bf16 2 "--strategy optim_grads_params --recompute-gelu"
 # Gradient shards in lent activations (memory only: the arithmetic is the
 # same); the second check's 8 tokens per rank are too few to hold a block's
 # shard, so those units fall back to buffers of their own.
-check "fp32: gradient shards lent to activations (optim_grads_params, 2 ranks) = no_shard" \
-  $curves 1e-4 1 "--backend cuda --precision fp32 --strategy no_shard" \
-  2 "--backend cuda --precision fp32 --strategy optim_grads_params --lend-grad-shards" $model
-check "bf16: lent gradient shards, 8 tokens per rank (own-buffer fallback), optim with 2 micro-batches" \
-  $curves 2e-2 1 "--backend cuda --precision bf16 --strategy no_shard" \
-  2 "--backend cuda --precision bf16 --strategy optim --lend-grad-shards" $model --tokens 32 --accum 2
+same "fp32: gradient shards lent to activations (optim_grads_params, 2 ranks) = no_shard" 1e-4 fp32 2 \
+  "--strategy optim_grads_params --lend-grad-shards"
+same "bf16: lent gradient shards, 8 tokens per rank (own-buffer fallback), optim with 2 micro-batches" 2e-2 bf16 2 \
+  "--strategy optim --lend-grad-shards" --tokens 32 --accum 2
 # All-gathers on copy engines (NCCL symmetric windows; NCCL only, so where
 # each rank has its own GPU) with lent gradient shards.
 if [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" -ge 2 ]; then
-  check "bf16: all-gathers on copy engines + lent shards (2 ranks, NCCL) = no_shard" \
-    $curves 2e-2 1 "--backend cuda --precision bf16 --strategy no_shard" \
-    2 "--backend cuda --precision bf16 --strategy optim_grads_params --copy-engine-gathers --lend-grad-shards" $model
+  same "bf16: all-gathers on copy engines + lent shards (2 ranks, NCCL) = no_shard" 2e-2 bf16 2 \
+    "--strategy optim_grads_params --copy-engine-gathers --lend-grad-shards"
 fi
 check "bf16: fused epilogues = separate kernels" \
   $curves 2e-2 1 "--backend cuda --precision bf16 --strategy no_shard --fusion off" \
@@ -56,8 +58,7 @@ for np in 2 3; do
 done
 text=$(mktemp)
 cat "$here"/../../README.md "$here"/../../include/tessera/*/*.hpp "$here"/../../examples/mlp_lm/* > "$text"
-check "bf16 np2 on real text, 2 micro-batches: the loss falls" \
-  $curves 2e-2 1 "--backend cuda --precision bf16 --strategy no_shard" \
-  2 "--backend cuda --precision bf16 --strategy optim_grads_params" $model --data "$text" --steps 60 --accum 2
+same "bf16 np2 on real text, 2 micro-batches: the loss falls" 2e-2 bf16 2 "--strategy optim_grads_params" \
+  --data "$text" --steps 60 --accum 2
 rm -f "$text"
 exit $fail

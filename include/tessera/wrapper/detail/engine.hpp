@@ -86,7 +86,6 @@ public:
   [[nodiscard]] T* data() noexcept { return ptr_; }
   [[nodiscard]] std::span<T> span() noexcept { return {ptr_, n_}; }
   [[nodiscard]] std::span<const T> span() const noexcept { return {ptr_, n_}; }
-  [[nodiscard]] bool shared() const noexcept { return bool(comm_); }
 
 private:
   void release() noexcept {
@@ -529,15 +528,13 @@ public:
                   "') needs wrapper_options.lend_grad_shards (the wrapper owns its gradient shards otherwise)");
     TESSERA_CHECK(!mb_open_ && !grads_ready_, "lend_grad_shard('", L.name(),
                   "') during a step; lend between steps (after step() or zero_grad())");
-    if constexpr (strategy::shards_optimizer) {
-      if (solo_) return;
-      TESSERA_CHECK(memory.size() >= L.shard_numel(), "lend_grad_shard('", L.name(), "'): ", memory.size(),
-                    " elements lent, its gradient shard needs ", L.shard_numel());
-      TESSERA_CHECK(reinterpret_cast<std::uintptr_t>(memory.data()) % 16 == 0, "lend_grad_shard('", L.name(),
-                    "'): memory not 16-byte aligned");
-      units_[u].grad_shard = memory.data();
-      units_[u].shard_fresh = true;
-    }
+    if (!lends_shards()) return;  // no shard: nothing sharded, or one rank holds everything
+    TESSERA_CHECK(memory.size() >= L.shard_numel(), "lend_grad_shard('", L.name(), "'): ", memory.size(),
+                  " elements lent, its gradient shard needs ", L.shard_numel());
+    TESSERA_CHECK(reinterpret_cast<std::uintptr_t>(memory.data()) % 16 == 0, "lend_grad_shard('", L.name(),
+                  "'): memory not 16-byte aligned");
+    units_[u].grad_shard = memory.data();
+    units_[u].shard_fresh = true;
   }
   //! Whether gradient shards live in memory lent by the caller.
   [[nodiscard]] bool lends_shards() const noexcept {
