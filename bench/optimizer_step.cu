@@ -88,7 +88,7 @@ int main(int argc, char** argv) {
       return gbs / copy_gbs;
     };
     // Every launch shape of the vector for_each, to choose the default from data.
-    using tessera::cuda::detail::spread;
+    using tessera::cuda::spread;
     auto sweep = [&](const std::string& prefix, const auto& k) {
       auto one = [&](auto v_tag, auto mode_tag, auto stream_tag, const char* mname) {
         constexpr int V = decltype(v_tag)::value;
@@ -112,12 +112,12 @@ int main(int argc, char** argv) {
     auto w = random_buffer<float>(n, 2), m = random_buffer<float>(n, 3, 0.2f, -0.1f), v = random_buffer<float>(n, 4, 0.01f, 0.0f);
     {
       auto g = random_buffer<float>(n, 5);
-      detail::adamw_kernel<float, float, float> k{w.data(), g.data(), m.data(), v.data(), nullptr, {}, 1e-4f, 0.9f,
+      adamw_kernel<float, float, float> k{w.data(), g.data(), m.data(), v.data(), nullptr, {}, 1e-4f, 0.9f,
                                                   0.95f, 1e-8f, 0.1f, 1.1f, 1.05f, 1.0f};
       k.vector_ok = true;
       adamw_ratio = report("fused AdamW, fp32 grads, 1 tensor", time_ms([&] { ops::for_each(n, k); }, warmup, iters), 28);
       if (variants) sweep("  AdamW fp32", k);
-      detail::sgd_kernel<float, float, float> s{w.data(), g.data(), m.data(), nullptr, {}, 1e-3f, 0.9f, 1e-4f, 1.0f, true};
+      sgd_kernel<float, float, float> s{w.data(), g.data(), m.data(), nullptr, {}, 1e-3f, 0.9f, 1e-4f, 1.0f, true};
       s.vector_ok = true;
       report("SGD, momentum + Nesterov, fp32", time_ms([&] { ops::for_each(n, s); }, warmup, iters), 20);
       dbuf<double> acc(2);
@@ -127,7 +127,7 @@ int main(int argc, char** argv) {
     {
       auto g = random_buffer<bf16>(n, 6);
       dbuf<bf16> shard(n);
-      detail::adamw_kernel<float, bf16, bf16> k{w.data(), g.data(), m.data(), v.data(), shard.data(), {}, 1e-4f, 0.9f,
+      adamw_kernel<float, bf16, bf16> k{w.data(), g.data(), m.data(), v.data(), shard.data(), {}, 1e-4f, 0.9f,
                                                 0.95f, 1e-8f, 0.1f, 1.1f, 1.05f, 1.0f};
       k.vector_ok = true;
       report("fused AdamW, bf16 grads -> bf16 shard", time_ms([&] { ops::for_each(n, k); }, warmup, iters), 28);

@@ -228,7 +228,7 @@ strategy_result run_strategy(const bench_options& o, const model_shape& s, Comm&
     // as a step, in the same order, with no compute between them.
     if (comm.size() > 1 && o.overlap) {
       std::vector<double> only;
-      auto& e = model.engine();
+      auto e = model.shards();
       for (int it = 0; it < 2 + o.steps; ++it) {
         MPI_Barrier(world);
         e0.record(st);
@@ -247,7 +247,7 @@ strategy_result run_strategy(const bench_options& o, const model_shape& s, Comm&
         for (auto b = ids.blocks.rbegin(); b != ids.blocks.rend(); ++b) backward(b->unit);
         backward(ids.embed);
         model.finish_grad_sync();
-        e.synchronize();
+        model.synchronize();
         e1.record(st);
         e1.synchronize();
         model.zero_grad();
@@ -301,7 +301,7 @@ strategy_result dispatch_precision(const bench_options& o, const std::string& na
     if (name == "optim_grads") return run_strategy<config<optim_grads, fsdp, P, sum, B>>(o, s, comm, world);
     if (name == "optim_grads_params") return run_strategy<config<optim_grads_params, fsdp, P, sum, B>>(o, s, comm, world);
   }
-  detail::fail("no instantiation for --wrapper " + o.wrapper + " --strategies " + name);
+  throw tessera::error("no instantiation for --wrapper " + o.wrapper + " --strategies " + name);
 }
 
 template <class Comm>

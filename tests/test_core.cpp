@@ -147,6 +147,18 @@ static_assert(std::is_same_v<data_parallel_t<config<optim, ddp>>, DistributedDat
 static_assert(std::is_same_v<data_parallel_t<config<no_shard, fsdp>>, FullyShardedDataParallel<config<no_shard>>>);
 static_assert(std::is_same_v<config<optim, fsdp, mixed_precision<bf16, float>>::grad_type, float>);
 static_assert(std::is_same_v<config<optim, fsdp, mixed_precision<bf16, float, float, bf16>>::wire_type, bf16>);
+// After the strategy and the wrapper, precision, averaging and backend come in
+// any order, each defaulted when left out.
+using any_order = config<optim_grads_params, fsdp, backend::cuda, sum, mixed_precision<bf16, float>>;
+static_assert(std::is_same_v<any_order::backend_type, backend::cuda> && std::is_same_v<any_order::averaging, sum> &&
+              std::is_same_v<any_order::precision, mixed_precision<bf16, float>>);
+using only_backend = config<optim, ddp, backend::cuda>;
+static_assert(std::is_same_v<only_backend::backend_type, backend::cuda> &&
+              std::is_same_v<only_backend::averaging, average_in_collective> &&
+              std::is_same_v<only_backend::precision, full_precision<float>>);
+using positional = config<optim, fsdp, full_precision<double>, post_divide, backend::host>;
+static_assert(std::is_same_v<positional::main_type, double> && std::is_same_v<positional::averaging, post_divide>);
+static_assert(config_type<any_order> && config_type<only_backend>);
 
 BOOST_AUTO_TEST_SUITE(layout)
 

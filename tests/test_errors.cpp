@@ -158,7 +158,7 @@ BOOST_AUTO_TEST_CASE(lent_gradient_shards) {
   m.finalize();
   if (c.size() == 1) return;  // one rank: no shard to lend (lending is a no-op)
   BOOST_TEST(m.planned().grads == 0u);  // nothing of its own: the shard is lent
-  const std::size_t n = m.engine().layout(0).shard_numel();
+  const std::size_t n = m.shards().layout(0).shard_numel();
   host::buffer<float> mem(n + 4);
   expect_error([&] { m.lend_grad_shard(u, mem.span().first(n - 1)); }, "its gradient shard needs");
   expect_error([&] { m.lend_grad_shard(u, mem.span().subspan(1, n)); }, "not 16-byte aligned");

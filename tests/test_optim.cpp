@@ -33,7 +33,7 @@ BOOST_AUTO_TEST_CASE(adamw_pass_against_float64) {
     const double lr = 1e-3, b1 = 0.9, b2 = 0.95, eps = 1e-8, decay = 0.1, scale = 0.7;
     const long t = 5;
     const double bc1 = 1 - std::pow(b1, t), bc2 = 1 - std::pow(b2, t);
-    detail::adamw_kernel<float, bf16, bf16> k{w.data(), g.data(), m.data(), v.data(), out.data(),
+    adamw_kernel<float, bf16, bf16> k{w.data(), g.data(), m.data(), v.data(), out.data(),
                                               {bits.data(), 0}, float(lr), float(b1), float(b2), float(eps),
                                               float(decay), float(1 / bc1), float(1 / std::sqrt(bc2)), float(scale)};
     const std::size_t vec_end = n / 4 * 4;
@@ -122,4 +122,68 @@ BOOST_AUTO_TEST_CASE(memory_plan_equals_allocation) {
   check_plan<config<optim, ddp>>();
   check_plan<config<optim_grads, fsdp, mixed_precision<bf16, float, float, bf16>>>();
   check_plan<config<optim_grads_params, fsdp, mixed_precision<bf16, float>>>();
+}
+
+// ---- the optimizer is open: a third algorithm written outside optim/ -------------
+
+// Lion (Chen et al., "Symbolic Discovery of Optimization Algorithms", 2023):
+// w -= lr * (sign(b1 m + (1 - b1) g) + wd w); m = b2 m + (1 - b2) g. Nothing
+// in include/tessera/optim knows it; it only satisfies optimizer_algorithm.
+template <class M, class G, class C>
+struct lion_kernel {
+  M* w;
+  const G* g;
+  M* m;
+  C* out;
+  decay_mask decay;
+  float lr, beta1, beta2, weight_decay, grad_scale;
+  TESSERA_HOST_DEVICE void operator()(std::size_t i) const {
+    const float gi = convert<float>(g[i]) * grad_scale;
+    const float c = beta1 * float(m[i]) + (1 - beta1) * gi;
+    float x = float(w[i]);
+    if (decay.decays(i)) x -= lr * weight_decay * x;
+    x -= lr * float((c > 0) - (c < 0));
+    m[i] = M(beta2 * float(m[i]) + (1 - beta2) * gi);
+    w[i] = M(x);
+    if (out) out[i] = convert<C>(w[i]);
+  }
+};
+struct lion {
+  using tessera_algorithm = void;
+  static constexpr int state_count = 1;
+  static constexpr std::string_view name = "lion";
+  static constexpr std::string_view state_names[state_count] = {"exp_avg"};
+  double lr = 1e-2, beta1 = 0.9, beta2 = 0.99, weight_decay = 0.1;
+  template <class M, class G, class C>
+  lion_kernel<M, G, C> kernel(const update_args<M, G, C>& a) const {
+    return {a.weights, a.grads, a.state[0], a.compute_out, a.decay, float(a.lr), float(beta1), float(beta2),
+            float(weight_decay), float(a.grad_scale)};
+  }
+};
+static_assert(optimizer_algorithm<lion>);
+static_assert(!optimizer_algorithm<int>);
+
+// Lion over every sharding of the optimizer trains to the single-rank no_shard
+// result, and against its own float64 form on one rank.
+template <class Cfg>
+void check_lion_matches_no_shard() {
+  comm::mpi c;
+  comm::local<> solo;
+  using Ref = config<no_shard, ddp, typename Cfg::precision, typename Cfg::averaging>;
+  tessera_test::run_params p;
+  p.global_samples = 2 * c.size();
+  const auto ref = tessera_test::train<Ref>(solo, lion{}, p);
+  const auto got = tessera_test::train<Cfg>(c, lion{}, p);
+  BOOST_TEST_CONTEXT(Cfg::strategy::name << " / " << Cfg::wrapper::name << ", lion, rank " << c.rank() << " of "
+                                         << c.size()) {
+    BOOST_TEST(tessera_test::max_rel_diff(got, ref) <= 1e-5);
+    // Lion moved every weight: a kernel that did nothing would also "match".
+    const auto start = tessera_test::train<Ref>(solo, lion{.lr = 0.0, .weight_decay = 0.0}, p);
+    BOOST_TEST(tessera_test::max_rel_diff(start, ref) > 1e-3);
+  }
+}
+BOOST_AUTO_TEST_CASE(a_third_algorithm_defined_outside_the_library_trains_like_no_shard) {
+  check_lion_matches_no_shard<config<optim_grads_params, fsdp>>();
+  check_lion_matches_no_shard<config<optim, ddp>>();
+  check_lion_matches_no_shard<config<optim_grads, fsdp, pre_divide>>();  // any order after the wrapper
 }

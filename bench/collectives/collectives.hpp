@@ -280,7 +280,7 @@ private:
       model.add_param(u, s.name, s.shape, s.weight_decay);
     }
     model.finalize();
-    auto& e = model.engine();
+    auto e = model.shards();
     const auto& L = e.layout(0);
     long wrong = 0;
     if (op == "all_gather") {
@@ -312,7 +312,7 @@ private:
       };
       fill();
       reduce();
-      const auto [lo, n] = e.opt_range(L);
+      const auto [lo, n] = e.opt_range(0);
       const auto got = host_copy(std::span<const T>(e.opt_grads(0)));
       for (std::size_t i = 0; i < n; ++i) {
         double want = 0;

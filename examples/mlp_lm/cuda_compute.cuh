@@ -128,7 +128,7 @@ public:
     const int N = int(n), d = s_.d, e = s_.e(), hd = s_.hidden(), L = s_.layers;
     const std::size_t H = std::size_t(hd);
     const auto [dctx, dtgt, order, starts] = stage(ctx, target, n);
-    auto off = [&](tessera::param_id p) { return m_.engine().slot(p).offset; };
+    auto off = [&](tessera::param_id p) { return m_.slot(p).offset; };
 
     // ---- forward ----
     {
@@ -223,7 +223,7 @@ public:
     const std::size_t D = std::size_t(s_.d);
     std::size_t own = 0;
     auto lend = [&](tessera::unit_id u, C* region, std::size_t elems) {
-      const std::size_t need = m_.engine().layout(std::size_t(u.index)).shard_numel();
+      const std::size_t need = m_.layout(u).shard_numel();
       std::span<float> mem(reinterpret_cast<float*>(region), elems * sizeof(C) / sizeof(float));
       if (mem.size() < need) {
         own_shards_.emplace_back(need);

@@ -45,7 +45,7 @@ public:
         a_(max_tokens * std::size_t(s.hidden())), da_(max_tokens * std::size_t(s.hidden())),
         dx_(max_tokens * std::size_t(s.d)), logits_(max_tokens * vocab) {
     std::size_t widest = 0;
-    for (std::size_t u = 0; u < m.num_units(); ++u) widest = std::max(widest, m.engine().layout(u).padded_numel());
+    for (std::size_t u = 0; u < m.num_units(); ++u) widest = std::max(widest, m.shards().layout(u).padded_numel());
     if constexpr (!std::is_same_v<C, float>) wide_ = buf<float>(widest);
   }
 
@@ -84,7 +84,7 @@ public:
       float* xout = X + std::size_t(l + 1) * n_max_ * D;
       float* Hl = h_.data() + std::size_t(l) * n_max_ * H;
       const float* w = widen(sc.weights());
-      const auto off = [&](tessera::param_id p) { return m_.engine().slot(p).offset; };
+      const auto off = [&](tessera::param_id p) { return m_.slot(p).offset; };
       const float *W1 = w + off(b.w1), *B1 = w + off(b.b1), *W2 = w + off(b.w2), *B2 = w + off(b.b2);
       for (std::size_t j = 0; j < n; ++j) std::copy_n(B1, H, Hl + j * H);
       tessera::host::gemm(false, true, int(n), hd, d, 1.0f, xin, W1, 1.0f, Hl);  // H = X W1^T + b1
@@ -100,7 +100,7 @@ public:
     {
       auto sc = m_.gather(ids_.head);
       const float* w = widen(sc.weights());
-      const float *Wh = w + m_.engine().slot(ids_.hw).offset, *Bh = w + m_.engine().slot(ids_.hb).offset;
+      const float *Wh = w + m_.slot(ids_.hw).offset, *Bh = w + m_.slot(ids_.hb).offset;
       float* Z = logits_.data();
       for (std::size_t j = 0; j < n; ++j) std::copy_n(Bh, vocab, Z + j * vocab);
       tessera::host::gemm(false, true, int(n), vocab, d, 1.0f, XL, Wh, 1.0f, Z);
@@ -128,7 +128,7 @@ public:
       const float* xin = X + std::size_t(l) * n_max_ * D;
       const float* Hl = h_.data() + std::size_t(l) * n_max_ * H;
       const float* w = widen(sc.weights());
-      const auto off = [&](tessera::param_id p) { return m_.engine().slot(p).offset; };
+      const auto off = [&](tessera::param_id p) { return m_.slot(p).offset; };
       const float *W1 = w + off(b.w1), *W2 = w + off(b.w2);
       float* A = a_.data();
       for (std::size_t i = 0; i < n * H; ++i) A[i] = gelu(Hl[i]);  // recomputed, not stored

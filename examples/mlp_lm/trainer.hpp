@@ -5,8 +5,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -34,6 +38,23 @@ struct memory_estimate {
   [[nodiscard]] std::size_t total() const { return model_state + optimizer_state + activations + blas_workspace; }
 };
 
+//! The crash test hook (tests/checkpoint/check_checkpoints.py):
+//! TESSERA_CHECKPOINT_CRASH=<point>[:<n>] ends the process the n-th time
+//! (default the first) a save reaches <point>, as a kill would. The library
+//! only calls save_options::at_point; exiting is this program's choice.
+inline std::function<void(std::string_view)> crash_hook_from_env() {
+  const char* e = std::getenv("TESSERA_CHECKPOINT_CRASH");
+  if (!e) return {};
+  const std::string spec = e, point = spec.substr(0, spec.find(':'));
+  const int nth = spec.find(':') == std::string::npos ? 1 : std::atoi(spec.c_str() + spec.find(':') + 1);
+  return [point, nth, seen = std::make_shared<int>(0)](std::string_view where) {
+    if (where == point && ++*seen == nth) {
+      std::fprintf(stderr, "tessera-mlp-lm: TESSERA_CHECKPOINT_CRASH=%s: exiting in the middle of a save\n", point.c_str());
+      std::_Exit(86);
+    }
+  };
+}
+
 //! The final weights, gathered, as one safetensors file written by rank 0 (collective).
 template <class Wrapper>
 void dump_weights(Wrapper& model, const std::string& path) {
@@ -41,7 +62,7 @@ void dump_weights(Wrapper& model, const std::string& path) {
   std::vector<tessera::checkpoint::tensor_out> outs;
   std::vector<std::vector<M>> values;
   for (std::size_t u = 0; u < model.num_units(); ++u) {
-    const auto& L = model.engine().layout(u);
+    const auto& L = model.shards().layout(u);
     for (std::size_t t = 0; t < L.tensors().size(); ++t) {
       values.push_back(model.get_param({int(u), int(t)}));
       outs.push_back({L.name() + "." + L.tensors()[t].spec.name, std::string(tessera::checkpoint::dtype_name<M>()),
@@ -83,10 +104,12 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, const devi
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const auto& x = got.extra;
     if (!x.contains("next_step") || !x.contains("seed") || !x.contains("tokens") || !x.contains("accum"))
-      detail::fail("checkpoint '" + got.path.string() + "' was not written by tessera-mlp-lm (no data position)");
+      throw tessera::error("checkpoint '" + got.path.string() + "' was not written by tessera-mlp-lm (no data position)");
     if (x["tokens"].template get<long>() != o.tokens || x["accum"].template get<int>() != o.accum)
-      detail::fail("checkpoint '" + got.path.string() + "' was trained with --tokens " + std::to_string(x["tokens"].template get<long>()) +
-                   " --accum " + std::to_string(x["accum"].template get<int>()) + "; resume with the same to continue its data stream");
+      throw tessera::error("checkpoint '" + got.path.string() + "' was trained with --tokens " +
+                           std::to_string(x["tokens"].template get<long>()) + " --accum " +
+                           std::to_string(x["accum"].template get<int>()) +
+                           "; resume with the same to continue its data stream");
     first_step = x["next_step"].template get<long>();
     o.seed = x["seed"].template get<std::uint64_t>();
     if (r == 0 && !o.json)
@@ -94,9 +117,11 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, const devi
                   got.path.c_str(), first_step, got.world, got.world == 1 ? "" : "s", got.strategy.c_str(), load_s);
   }
   const corpus data(o.data, o.seed, o.ctx);
+  const auto crash_hook = crash_hook_from_env();
   auto save = [&](long next_step) {
     checkpoint::save_options so;
     so.keep = o.keep;
+    so.at_point = crash_hook;
     so.extra = {{"next_step", next_step}, {"seed", o.seed}, {"tokens", o.tokens}, {"accum", o.accum}, {"data", o.data}};
     const auto t0 = std::chrono::steady_clock::now();
     const auto dir = checkpoint::save(opt, o.save, next_step, so);

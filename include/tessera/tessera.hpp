@@ -3,6 +3,7 @@
 //! translation unit can see. The CUDA backend and NCCL are included only when
 //! compiled by nvcc (or with TESSERA_WITH_CUDA defined), so a host-only program
 //! never sees a CUDA header.
+#include "tessera/fwd.hpp"
 #include "tessera/core/config.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
@@ -15,12 +16,14 @@
 #include "tessera/backend/host/ops.hpp"
 #include "tessera/comm/communicator.hpp"
 #include "tessera/comm/local.hpp"
+#include "tessera/comm/staged.hpp"
 #if !defined(TESSERA_NO_MPI)
 #include "tessera/comm/mpi.hpp"
 #endif
 #include "tessera/shard/layout.hpp"
 #include "tessera/shard/sharded_tensor.hpp"
 #include "tessera/wrapper/data_parallel.hpp"
+#include "tessera/wrapper/shard_view.hpp"
 #include "tessera/optim/algorithms.hpp"
 #include "tessera/optim/sharded_optimizer.hpp"
 #if TESSERA_CUDA_COMPILER || defined(TESSERA_WITH_CUDA)

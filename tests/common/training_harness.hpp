@@ -95,7 +95,7 @@ run_result train(Comm& c, Alg alg, const run_params& p) {
   std::vector<typename ops::template buffer<G>> activations;  // lent to the shards when p.lend_grad_shards
   if (p.lend_grad_shards)
     for (std::size_t u = 0; u < units.size(); ++u) {
-      activations.emplace_back(model.engine().layout(u).shard_numel() + 3);
+      activations.emplace_back(model.shards().layout(u).shard_numel() + 3);
       model.lend_grad_shard(units[u], activations.back().span());
     }
 
@@ -126,7 +126,7 @@ run_result train(Comm& c, Alg alg, const run_params& p) {
         for (std::size_t t = 0; t < params[u].size(); ++t) {
           // Through host copies, so the same code drives every backend.
           auto wd = s.weight(params[u][t]);
-          const auto& slot = model.engine().slot(params[u][t]);
+          const auto& slot = model.slot(params[u][t]);
           auto gd = p.assign_when_fresh ? all.subspan(slot.offset, slot.numel) : s.grad(params[u][t]);
           BOOST_REQUIRE_EQUAL(wd.size(), gd.size());
           std::vector<typename W::compute_type> w(wd.size());

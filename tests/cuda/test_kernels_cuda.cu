@@ -128,7 +128,7 @@ BOOST_AUTO_TEST_CASE(adamw_pass_against_float64) {
       auto dt = to_device(bits);
       const double lr = 1e-3, b1 = 0.9, b2 = 0.95, eps = 1e-8, decay = 0.1, scale = 0.7;
       const double bc1 = 1 - std::pow(b1, 7), bc2 = 1 - std::pow(b2, 7);
-      detail::adamw_kernel<float, bf16, bf16> k{dw.data(), dg.data(), dm.data(), dv.data(), dout.data(),
+      adamw_kernel<float, bf16, bf16> k{dw.data(), dg.data(), dm.data(), dv.data(), dout.data(),
                                                 {dt.data(), 0}, float(lr), float(b1), float(b2),
                                                 float(eps), float(decay), float(1 / bc1), float(1 / std::sqrt(bc2)),
                                                 float(scale)};

@@ -26,13 +26,13 @@
 //! must see one shared file system.
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <filesystem>
-#include <map>
+#include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -43,6 +43,7 @@
 #include "tessera/checkpoint/io.hpp"
 #include "tessera/checkpoint/safetensors.hpp"
 #include "tessera/comm/communicator.hpp"
+#include "tessera/comm/staged.hpp"
 #include "tessera/core/checksum.hpp"
 #include "tessera/optim/sharded_optimizer.hpp"
 
@@ -51,6 +52,12 @@ namespace tessera::checkpoint {
 struct save_options {
   int keep = 0;  //!< keep the newest `keep` complete checkpoints under the root (0: all)
   nlohmann::json extra = nlohmann::json::object();  //!< the trainer's own state, returned by load
+  //! Called on every rank as the save reaches each of its points:
+  //! "before-sync" (rank file written, not yet synced), "after-files" (every
+  //! rank file complete), and on rank 0 "before-index" and "before-rename".
+  //! For tests that end the process there, as a crash would, to prove a save
+  //! is atomic; the library itself neither prints nor exits.
+  std::function<void(std::string_view point)> at_point;
 };
 
 //! What load() found.
@@ -63,20 +70,6 @@ struct load_result {
 };
 
 namespace detail {
-
-// Test hook: TESSERA_CHECKPOINT_CRASH=<point>[:<n>] ends the process the n-th
-// time (default the first) a save reaches <point>, as a kill would.
-inline void crash_point(const char* where) {
-  static std::map<std::string, int> seen;
-  const char* e = std::getenv("TESSERA_CHECKPOINT_CRASH");
-  if (!e) return;
-  const std::string spec = e, point = spec.substr(0, spec.find(':'));
-  const int nth = spec.find(':') == std::string::npos ? 1 : std::atoi(spec.c_str() + spec.find(':') + 1);
-  if (point == where && ++seen[point] == nth) {
-    std::fprintf(stderr, "tessera: TESSERA_CHECKPOINT_CRASH=%s: exiting in the middle of a save\n", where);
-    std::_Exit(86);
-  }
-}
 
 // One entry of a rank file: a tensor's piece for one state.
 struct planned_entry {
@@ -128,15 +121,6 @@ inline std::string rank_header(const std::vector<st_entry>& entries, int q, int 
                                            {"world", std::to_string(world)}, {"step", std::to_string(step)}});
 }
 
-// Every rank learns whether every rank succeeded; the failing ones rethrow their own error.
-template <class Engine>
-void agree(Engine& e, const std::exception_ptr& error_here, const char* what) {
-  std::int64_t bad = error_here ? 1 : 0;
-  e.all_reduce_host(std::span<std::int64_t>(&bad, 1), comm::reduce_op::max);
-  if (error_here) std::rethrow_exception(error_here);
-  if (bad) tessera::detail::fail(std::string(what) + " failed on another rank (see its error); nothing was changed here");
-}
-
 }  // namespace detail
 
 //! Saves the model's main weights and the optimizer's state as checkpoint
@@ -147,7 +131,7 @@ fs::path save(Opt& opt, const fs::path& root, long step, const save_options& o =
   using Alg = typename Opt::algorithm_type;
   using M = typename Wrapper::main_type;
   using ops = backend_ops<typename Wrapper::backend_type>;
-  auto& e = opt.engine();
+  auto e = opt.shards();
   const int r = e.rank(), N = e.world(), S = 1 + Alg::state_count;
   const auto& layouts = e.layouts();
   const fs::path final_dir = step_dir(root, step), tmp = root / (".tmp-" + final_dir.filename().string());
@@ -165,7 +149,7 @@ fs::path save(Opt& opt, const fs::path& root, long step, const save_options& o =
       err = std::current_exception();
     }
   }
-  detail::agree(e, err, "checkpoint::save (creating the directory)");
+  comm::agree_or_throw(e.communicator(), err, "checkpoint::save (creating the directory)");
 
   // What every rank writes follows from the layouts alone.
   const std::vector<std::string> states = detail::state_names<Alg>();
@@ -205,7 +189,7 @@ fs::path save(Opt& opt, const fs::path& root, long step, const save_options& o =
         }
       }
     }
-    detail::crash_point("before-sync");
+    if (o.at_point) o.at_point("before-sync");
     f.sync_and_close();
     sums[widest] = std::int64_t(whole.digest());
     sums[widest + 1] = std::int64_t(f.written());
@@ -216,11 +200,11 @@ fs::path save(Opt& opt, const fs::path& root, long step, const save_options& o =
     std::error_code ec;
     fs::remove_all(tmp, ec);
   }
-  detail::agree(e, err, "checkpoint::save (writing rank files)");
-  detail::crash_point("after-files");
+  comm::agree_or_throw(e.communicator(), err, "checkpoint::save (writing rank files)");
+  if (o.at_point) o.at_point("after-files");
 
   // Every rank's checksums to every rank.
-  e.all_gather_host(std::span<const std::int64_t>(sums), std::span<std::int64_t>(all));
+  comm::all_gather_host(e.communicator(), std::span<const std::int64_t>(sums), std::span<std::int64_t>(all));
 
   if (r == 0) {
     try {
@@ -260,10 +244,10 @@ fs::path save(Opt& opt, const fs::path& root, long step, const save_options& o =
           it->keys.push_back(entries[i].name);
         }
       }
-      detail::crash_point("before-index");
+      if (o.at_point) o.at_point("before-index");
       write_file_atomic(tmp / index_name, to_json(x).dump(1));
       sync_dir(tmp);
-      detail::crash_point("before-rename");
+      if (o.at_point) o.at_point("before-rename");
       std::error_code ec;
       const fs::path old = root / (".old-" + final_dir.filename().string());
       if (fs::exists(final_dir, ec)) {  // saving the same step again: replace it
@@ -285,7 +269,7 @@ fs::path save(Opt& opt, const fs::path& root, long step, const save_options& o =
       fs::remove_all(tmp, ec);
     }
   }
-  detail::agree(e, err, "checkpoint::save (index)");
+  comm::agree_or_throw(e.communicator(), err, "checkpoint::save (index)");
   return final_dir;
 }
 
@@ -299,7 +283,7 @@ load_result load(Opt& opt, const fs::path& dir) {
   using Alg = typename Opt::algorithm_type;
   using M = typename Wrapper::main_type;
   using ops = backend_ops<typename Wrapper::backend_type>;
-  auto& e = opt.engine();
+  auto e = opt.shards();
   const int S = 1 + Alg::state_count;
   const auto& layouts = e.layouts();
 
@@ -388,7 +372,7 @@ load_result load(Opt& opt, const fs::path& dir) {
   } catch (...) {
     err = std::current_exception();
   }
-  detail::agree(e, err, "checkpoint::load");
+  comm::agree_or_throw(e.communicator(), err, "checkpoint::load");
   // Every rank has everything it needs: now, and only now, the model changes.
   typename ops::template staging<M> bounce;  // pinned on the CUDA backend
   auto put = [&](std::span<M> dst, const std::vector<M>& src) {

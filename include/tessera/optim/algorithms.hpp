@@ -2,9 +2,26 @@
 //! \file Optimizer algorithms: their hyper-parameters and the per-element
 //! update, one __host__ __device__ functor per algorithm shared by every
 //! backend. Each functor updates the whole optimizer range of a unit in one
-//! pass; per-tensor weight decay comes from a small table of no-decay ranges,
-//! and where compute weights have another dtype the functor writes them too.
+//! pass; per-tensor weight decay comes from a bit mask (decay_mask), and
+//! where compute weights have another dtype the functor writes them too.
+//!
+//! An algorithm is open for extension: any type that satisfies
+//! optimizer_algorithm works with ShardedOptimizer and checkpoints, without
+//! touching this folder. It carries
+//!   using tessera_algorithm = void;
+//!   static constexpr int state_count;                      // fp32 state tensors per parameter
+//!   static constexpr std::string_view name;                // recorded in checkpoints
+//!   static constexpr std::string_view state_names[state_count];  // checkpoint entry names
+//!   double lr;                                             // the base learning rate
+//!   template <class M, class G, class C> F kernel(const update_args<M, G, C>&) const;
+//! where F is a copyable functor with `void operator()(std::size_t i) const`
+//! (marked TESSERA_HOST_DEVICE to run on the CUDA backend). A functor that
+//! also has `static constexpr int vector_width`, `bool vector_ok` and
+//! `template <int V, bool Stream> void run(std::size_t base) const` gets the
+//! CUDA backend's vectorised launch. adamw and sgd below are written so.
 #include <cmath>
+#include <concepts>
+#include <cstddef>
 #include <cstdint>
 #include <string_view>
 #include <type_traits>
@@ -14,32 +31,6 @@
 #include "tessera/core/vec.hpp"
 
 namespace tessera {
-
-//! AdamW (decoupled weight decay, bias correction), PyTorch's formulation.
-struct adamw {
-  using tessera_algorithm = void;
-  static constexpr int state_count = 2;  // m, v
-  static constexpr std::string_view name = "adamw";
-  //! State names, as PyTorch's state_dict calls them (checkpoints use them).
-  static constexpr std::string_view state_names[state_count] = {"exp_avg", "exp_avg_sq"};
-  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
-};
-
-//! SGD with momentum, Nesterov and (coupled, L2) weight decay, PyTorch's formulation.
-struct sgd {
-  using tessera_algorithm = void;
-  static constexpr int state_count = 1;  // momentum buffer
-  static constexpr std::string_view name = "sgd";
-  static constexpr std::string_view state_names[state_count] = {"momentum_buffer"};
-  double lr = 1e-2, momentum = 0.0, weight_decay = 0.0;
-  bool nesterov = false;
-};
-
-//! A tessera optimizer algorithm.
-template <class A>
-concept optimizer_algorithm = requires { typename A::tessera_algorithm; A::state_count; };
-
-namespace detail {
 
 //! Which elements of a unit's optimizer range take weight decay: one bit per
 //! granule of 2^shift elements (the layout's alignment, so no granule holds
@@ -56,6 +47,62 @@ struct decay_mask {
   }
 };
 
+//! What an algorithm's kernel updates: one unit's optimizer range on this
+//! rank, n elements of each buffer (backend memory).
+template <class M, class G, class C>
+struct update_args {
+  M* weights;           //!< main weights, updated in place
+  const G* grads;       //!< reduced gradients
+  M* const* state;      //!< state_count buffers of optimizer state, updated in place
+  C* compute_out;       //!< where to write the new weights in the compute dtype; null: none
+  decay_mask decay;     //!< which elements take weight decay
+  double lr;            //!< learning rate of this step (after the schedule)
+  double grad_scale;    //!< multiply every gradient by this (global-norm clipping)
+  long step;            //!< 1-based number of this step (bias corrections)
+};
+
+template <class M, class G, class C> struct adamw_kernel;
+template <class M, class G, class C> struct sgd_kernel;
+
+//! AdamW (decoupled weight decay, bias correction), PyTorch's formulation.
+struct adamw {
+  using tessera_algorithm = void;
+  static constexpr int state_count = 2;  // m, v
+  static constexpr std::string_view name = "adamw";
+  //! State names, as PyTorch's state_dict calls them (checkpoints use them).
+  static constexpr std::string_view state_names[state_count] = {"exp_avg", "exp_avg_sq"};
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
+
+  template <class M, class G, class C>
+  [[nodiscard]] adamw_kernel<M, G, C> kernel(const update_args<M, G, C>& a) const;
+};
+
+//! SGD with momentum, Nesterov and (coupled, L2) weight decay, PyTorch's formulation.
+struct sgd {
+  using tessera_algorithm = void;
+  static constexpr int state_count = 1;  // momentum buffer
+  static constexpr std::string_view name = "sgd";
+  static constexpr std::string_view state_names[state_count] = {"momentum_buffer"};
+  double lr = 1e-2, momentum = 0.0, weight_decay = 0.0;
+  bool nesterov = false;
+
+  template <class M, class G, class C>
+  [[nodiscard]] sgd_kernel<M, G, C> kernel(const update_args<M, G, C>& a) const;
+};
+
+//! A tessera optimizer algorithm (see the top of this file).
+template <class A>
+concept optimizer_algorithm = requires(const A& a, const update_args<float, float, float>& args) {
+  typename A::tessera_algorithm;
+  { A::state_count } -> std::convertible_to<int>;
+  { A::name } -> std::convertible_to<std::string_view>;
+  { A::state_names[0] } -> std::convertible_to<std::string_view>;
+  { a.lr } -> std::convertible_to<double>;
+  a.template kernel<float, float, float>(args);
+} && (A::state_count >= 1 && A::state_count <= 15);
+
+namespace detail {
+
 template <class M> using math_t = std::conditional_t<std::is_same_v<M, double>, double, float>;
 
 template <class F> TESSERA_HOST_DEVICE inline F root(F x) {
@@ -65,6 +112,8 @@ template <class F> TESSERA_HOST_DEVICE inline F root(F x) {
   return std::sqrt(x);
 #endif
 }
+
+}  // namespace detail
 
 //! AdamW over one unit's optimizer range. grad_scale folds clipping in; out,
 //! when not null, receives the new weights in the compute dtype C.
@@ -81,7 +130,7 @@ struct adamw_kernel {
   static constexpr int vector_width = 4;
 
   TESSERA_HOST_DEVICE void update(M& wi, G graw, M& mi, M& vi, std::uint64_t i) const {
-    using F = math_t<M>;
+    using F = detail::math_t<M>;
     const F gi = F(convert<float>(graw)) * F(grad_scale);
     F x = F(wi);
     if (decay.decays(i)) x -= F(lr) * F(weight_decay) * x;
@@ -89,7 +138,7 @@ struct adamw_kernel {
     const F vn = F(beta2) * F(vi) + (F(1) - F(beta2)) * gi * gi;
     mi = M(mn);
     vi = M(vn);
-    x -= F(lr) * (mn * F(inv_bc1)) / (root(vn) * F(inv_bc2_sqrt) + F(eps));
+    x -= F(lr) * (mn * F(inv_bc1)) / (detail::root(vn) * F(inv_bc2_sqrt) + F(eps));
     wi = M(x);
   }
   TESSERA_HOST_DEVICE void operator()(std::size_t i) const {
@@ -131,7 +180,7 @@ struct sgd_kernel {
   static constexpr int vector_width = 4;
 
   TESSERA_HOST_DEVICE void update(M& wi, G graw, M& bi, std::uint64_t i) const {
-    using F = math_t<M>;
+    using F = detail::math_t<M>;
     F gi = F(convert<float>(graw)) * F(grad_scale);
     if (decay.decays(i)) gi += F(weight_decay) * F(wi);
     if (momentum != 0.0f) {
@@ -163,5 +212,22 @@ struct sgd_kernel {
   }
 };
 
-}  // namespace detail
+template <class M, class G, class C>
+adamw_kernel<M, G, C> adamw::kernel(const update_args<M, G, C>& a) const {
+  const double bc1 = 1 - std::pow(beta1, double(a.step)), bc2 = 1 - std::pow(beta2, double(a.step));
+  adamw_kernel<M, G, C> k{a.weights, a.grads, a.state[0], a.state[1], a.compute_out, a.decay, float(a.lr),
+                          float(beta1), float(beta2), float(eps), float(weight_decay), float(1 / bc1),
+                          float(1 / std::sqrt(bc2)), float(a.grad_scale)};
+  k.vector_ok = aligned_for<k.vector_width>(k.w, k.g, k.m, k.v, k.out);  // a null out is aligned
+  return k;
+}
+
+template <class M, class G, class C>
+sgd_kernel<M, G, C> sgd::kernel(const update_args<M, G, C>& a) const {
+  sgd_kernel<M, G, C> k{a.weights, a.grads, a.state[0], a.compute_out, a.decay, float(a.lr), float(momentum),
+                        float(weight_decay), float(a.grad_scale), nesterov};
+  k.vector_ok = aligned_for<k.vector_width>(k.w, k.g, k.buf, k.out);
+  return k;
+}
+
 }  // namespace tessera

@@ -12,6 +12,7 @@
 #include "tessera/core/vec.hpp"
 #include "tessera/optim/algorithms.hpp"
 #include "tessera/wrapper/data_parallel.hpp"
+#include "tessera/wrapper/shard_view.hpp"
 
 namespace tessera {
 
@@ -29,9 +30,13 @@ struct step_result {
   long step = 0;           //!< steps applied so far
 };
 
-template <optimizer_algorithm Algorithm, class Wrapper>
+template <class Algorithm, class Wrapper>
 class ShardedOptimizer {
-  using engine_type = typename Wrapper::engine_type;
+  static_assert(optimizer_algorithm<Algorithm>,
+                "tessera: ShardedOptimizer's first argument is not a tessera optimizer algorithm; use adamw or sgd, "
+                "or give your type tessera_algorithm, state_count (1-15), name, state_names, lr and "
+                "kernel<M, G, C>(update_args) (see tessera/optim/algorithms.hpp)");
+  using view_type = shard_view<typename Wrapper::config>;
   using B = typename Wrapper::backend_type;
   using M = typename Wrapper::main_type;
   using G = typename Wrapper::grad_type;
@@ -41,12 +46,12 @@ class ShardedOptimizer {
 public:
   //! Allocates state for the wrapper's optimizer ranges (the wrapper must be finalized).
   ShardedOptimizer(Wrapper& model, Algorithm hp, optimizer_options opt = {})
-      : e_(model.engine()), hp_(hp), opt_(opt) {
+      : e_(model.shards()), hp_(hp), opt_(opt) {
     TESSERA_CHECK(e_.finalized(), "ShardedOptimizer created before the wrapper's finalize()");
     TESSERA_CHECK(opt.clip_norm >= 0, "clip_norm must be >= 0, got ", opt.clip_norm);
     for (std::size_t u = 0; u < e_.num_units(); ++u) {
       const auto& L = e_.layout(u);
-      const auto [lo, n] = e_.opt_range(L);
+      const auto [lo, n] = e_.opt_range(u);
       unit_state st;
       for (int k = 0; k < Algorithm::state_count; ++k) {
         st.state.emplace_back(n);
@@ -95,7 +100,8 @@ public:
   }
   using algorithm_type = Algorithm;
   using wrapper_type = Wrapper;
-  [[nodiscard]] engine_type& engine() noexcept { return e_; }
+  //! The wrapper's shards this optimizer updates (for checkpoints and tools).
+  [[nodiscard]] view_type shards() const noexcept { return e_; }
   [[nodiscard]] long skipped_steps() const noexcept { return skipped_; }
   [[nodiscard]] const Algorithm& hyper_parameters() const noexcept { return hp_; }
   //! State k of unit u over this rank's optimizer range (m = 0, v = 1 for AdamW).
@@ -140,31 +146,18 @@ private:
     unsigned decay_shift = 0;
   };
 
-  // One pass over the unit's whole optimizer range.
+  // One pass over the unit's whole optimizer range: the algorithm's own kernel.
   void update(std::size_t u, const step_result& r) {
     auto& st = units_[u];
-    M* w = e_.main_weights(u).data();
-    const G* g = e_.opt_grads(u).data();
-    C* out = e_.compute_out(u);
-    const std::size_t n = e_.main_weights(u).size();
-    const detail::decay_mask nd{st.decay_bits.data(), st.decay_shift};
-    if constexpr (std::is_same_v<Algorithm, adamw>) {
-      const double bc1 = 1 - std::pow(hp_.beta1, double(step_)), bc2 = 1 - std::pow(hp_.beta2, double(step_));
-      detail::adamw_kernel<M, G, C> k{w, g, st.state[0].data(), st.state[1].data(), out, nd, float(r.lr),
-                                      float(hp_.beta1), float(hp_.beta2), float(hp_.eps), float(hp_.weight_decay),
-                                      float(1 / bc1), float(1 / std::sqrt(bc2)), float(r.clip_coef)};
-      k.vector_ok = aligned_for<k.vector_width>(w, g, k.m, k.v) && (!out || aligned_for<k.vector_width>(out));
-      ops::for_each(n, k);
-    } else {
-      static_assert(std::is_same_v<Algorithm, sgd>, "tessera: unknown optimizer algorithm; use adamw or sgd");
-      detail::sgd_kernel<M, G, C> k{w, g, st.state[0].data(), out, nd, float(r.lr), float(hp_.momentum),
-                                    float(hp_.weight_decay), float(r.clip_coef), hp_.nesterov};
-      k.vector_ok = aligned_for<k.vector_width>(w, g, k.buf) && (!out || aligned_for<k.vector_width>(out));
-      ops::for_each(n, k);
-    }
+    const auto w = e_.main_weights(u);
+    M* state[Algorithm::state_count];
+    for (int k = 0; k < Algorithm::state_count; ++k) state[k] = st.state[std::size_t(k)].data();
+    const update_args<M, G, C> args{w.data(), e_.opt_grads(u).data(), state, e_.compute_out(u),
+                                    decay_mask{st.decay_bits.data(), st.decay_shift}, r.lr, r.clip_coef, step_};
+    ops::for_each(w.size(), hp_.template kernel<M, G, C>(args));
   }
 
-  engine_type& e_;
+  view_type e_;
   Algorithm hp_;
   optimizer_options opt_;
   std::function<double(long, double)> schedule_;

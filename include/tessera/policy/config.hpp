@@ -27,39 +27,69 @@ template <precision_policy P> struct precision_types<P> {
   using compute = typename P::compute_type; using main = typename P::main_type;
   using grad = typename P::grad_type; using wire = typename P::wire_type;
 };
+
+//! The first of Ps that Is<P>::value picks, else Default.
+template <template <class> class Is, class Default, class... Ps> struct first_of { using type = Default; };
+template <template <class> class Is, class Default, class P, class... Ps>
+struct first_of<Is, Default, P, Ps...> {
+  using type = std::conditional_t<Is<P>::value, P, typename first_of<Is, Default, Ps...>::type>;
+};
+template <class P> struct is_precision : std::bool_constant<precision_policy<P>> {};
+template <class P> struct is_averaging : std::bool_constant<averaging_policy<P>> {};
+template <class P> struct is_backend : std::bool_constant<backend_policy<P>> {};
+template <class P> constexpr bool is_optional_policy = precision_policy<P> || averaging_policy<P> || backend_policy<P>;
 }  // namespace detail
 
-//! The compile-time description of a data-parallel setup.
-template <class Strategy, class Wrapper = fsdp, class Precision = full_precision<float>,
-          class Averaging = average_in_collective, class Backend = backend::host>
+//! The compile-time description of a data-parallel setup: a strategy, a
+//! wrapper (default fsdp), then, in any order and each at most once, a
+//! precision (default full_precision<float>), an averaging policy (default
+//! average_in_collective) and a backend (default backend::host):
+//!   config<optim_grads_params, fsdp, backend::cuda, mixed_precision<bf16, float>>
+//! The positional form config<S, W, P, A, B> is the same thing written in order.
+template <class Strategy, class Wrapper = fsdp, class... Policies>
 struct config {
   static_assert(sharding_strategy<Strategy>,
                 "tessera: the strategy argument is not a tessera sharding strategy; "
                 "choose no_shard, optim, optim_grads or optim_grads_params");
   static_assert(wrapper_policy<Wrapper>,
                 "tessera: the wrapper argument is not a tessera wrapper policy; choose ddp or fsdp");
-  static_assert(precision_policy<Precision>,
-                "tessera: the precision argument is not a tessera precision policy; "
-                "choose full_precision<float> or mixed_precision<bf16, float>");
-  static_assert(averaging_policy<Averaging>,
-                "tessera: the averaging argument is not a tessera averaging policy; choose "
-                "average_in_collective, pre_divide, post_divide or sum");
-  static_assert(backend_policy<Backend>,
-                "tessera: the backend argument is not a tessera backend; choose backend::host or backend::cuda");
   static_assert(!(std::is_same_v<Wrapper, ddp> && detail::shards_params_or_false<Strategy>()),
                 "tessera: DistributedDataParallel keeps replicated compute weights and cannot "
                 "shard parameters; choose the fsdp wrapper for optim_grads_params, or the "
                 "optim_grads strategy with ddp");
 
+private:
+  static constexpr int precisions = (0 + ... + int(precision_policy<Policies>));
+  static constexpr int averagings = (0 + ... + int(averaging_policy<Policies>));
+  static constexpr int backends = (0 + ... + int(backend_policy<Policies>));
+  static constexpr bool all_known = (true && ... && detail::is_optional_policy<Policies>);
+  // An argument that is no policy is named after the first kind not yet given
+  // (so the positional form reads as before); exactly one message fires.
+  static_assert(all_known || precisions > 0,
+                "tessera: the precision argument is not a tessera precision policy; "
+                "choose full_precision<float> or mixed_precision<bf16, float>");
+  static_assert(all_known || precisions == 0 || averagings > 0,
+                "tessera: the averaging argument is not a tessera averaging policy; choose "
+                "average_in_collective, pre_divide, post_divide or sum");
+  static_assert(all_known || precisions == 0 || averagings == 0 || backends > 0,
+                "tessera: the backend argument is not a tessera backend; choose backend::host or backend::cuda");
+  static_assert(all_known || precisions == 0 || averagings == 0 || backends == 0,
+                "tessera: a config argument is not a tessera policy; after the strategy and the wrapper, config "
+                "takes a precision, an averaging policy and a backend, each at most once");
+  static_assert(precisions <= 1 && averagings <= 1 && backends <= 1,
+                "tessera: config was given two policies of one kind; give each of precision, averaging and "
+                "backend at most once (in any order)");
+
+public:
   using strategy = Strategy;
   using wrapper = Wrapper;
-  using precision = Precision;
-  using averaging = Averaging;
-  using backend_type = Backend;
-  using compute_type = typename detail::precision_types<Precision>::compute;
-  using main_type = typename detail::precision_types<Precision>::main;
-  using grad_type = typename detail::precision_types<Precision>::grad;
-  using wire_type = typename detail::precision_types<Precision>::wire;
+  using precision = typename detail::first_of<detail::is_precision, full_precision<float>, Policies...>::type;
+  using averaging = typename detail::first_of<detail::is_averaging, average_in_collective, Policies...>::type;
+  using backend_type = typename detail::first_of<detail::is_backend, backend::host, Policies...>::type;
+  using compute_type = typename detail::precision_types<precision>::compute;
+  using main_type = typename detail::precision_types<precision>::main;
+  using grad_type = typename detail::precision_types<precision>::grad;
+  using wire_type = typename detail::precision_types<precision>::wire;
 
   static_assert(std::is_same_v<main_type, float> || std::is_same_v<main_type, double>,
                 "tessera: the main-weight type must be float or double (an inexact or integer "
@@ -71,8 +101,8 @@ struct config {
 };
 
 template <class T> struct is_config : std::false_type {};
-template <class S, class W, class P, class A, class B>
-struct is_config<config<S, W, P, A, B>> : std::true_type {};
+template <class S, class W, class... Ps>
+struct is_config<config<S, W, Ps...>> : std::true_type {};
 
 //! A tessera::config.
 template <class C>

@@ -13,8 +13,10 @@
 
 #include "tessera/comm/communicator.hpp"
 #include "tessera/policy/config.hpp"
+#include "tessera/shard/layout.hpp"
 #include "tessera/wrapper/detail/engine.hpp"
 #include "tessera/wrapper/options.hpp"
+#include "tessera/wrapper/shard_view.hpp"
 
 namespace tessera {
 
@@ -29,7 +31,11 @@ public:
   using compute_type = typename Cfg::compute_type;
   using main_type = typename Cfg::main_type;
   using grad_type = typename Cfg::grad_type;
+
+private:
   using engine_type = dp_engine<Cfg>;
+
+public:
 
   //! An RAII hold on one unit's compute weights: gathered (optim_grads_params)
   //! or waited for (after an optimizer step's all-gather). Released on destruction.
@@ -50,14 +56,14 @@ public:
     }
     //! One parameter's gradient for this micro-batch (accumulates over micro-batches).
     [[nodiscard]] std::span<grad_type> grad(param_id p) {
-      slot_of(p);
-      return live().grad(p);
+      const auto& s = slot_of(p);
+      return live().unit_grads(u_).subspan(s.offset, s.numel);
     }
     [[nodiscard]] std::span<grad_type> grads() { return live().unit_grads(u_); }
     //! The whole unit's gradients for a writer that assigns every element of
     //! every parameter when `fresh` is true (nothing accumulated yet this step;
     //! saves zeroing them) and accumulates when it is false.
-    [[nodiscard]] typename engine_type::grad_target grads_for_write() { return live().unit_grads_for_write(u_); }
+    [[nodiscard]] grad_target<grad_type> grads_for_write() { return live().unit_grads_for_write(u_); }
     //! Starts this unit's gradient reduction (non-blocking).
     void reduce_grads() { live().reduce_grads(u_); }
     //! Gives the weights back early; the scope is unusable afterwards.
@@ -75,7 +81,7 @@ public:
     const tensor_slot& slot_of(param_id p) const {
       TESSERA_CHECK(std::size_t(p.unit) == u_, "parameter of unit ", p.unit, " used through the scope of unit ",
                     u_);
-      return live().slot(p);
+      return live().registry().slot(p);
     }
     engine_type* e_;
     std::size_t u_;
@@ -87,17 +93,29 @@ public:
   }
 
   //! Registers a unit: parameters gathered, computed and released together.
-  unit_id add_unit(std::string name) { return e_.add_unit(std::move(name)); }
+  unit_id add_unit(std::string name) { return e_.registry().add_unit(std::move(name)); }
   //! Registers a parameter of unit u; weight_decay false exempts it from decay.
   param_id add_param(unit_id u, std::string name, shape s, bool weight_decay = true) {
-    return e_.add_param(u, std::move(name), std::move(s), weight_decay);
+    return e_.registry().add_param(u, std::move(name), std::move(s), weight_decay);
   }
   //! Fixes the layout, checks all ranks agree (collective), allocates.
   void finalize() { e_.finalize(); }
 
+  //! Sets a parameter from its full value in host memory: every rank passes
+  //! the same values and keeps its own piece (no communication).
   void set_param(param_id p, std::span<const main_type> full) { e_.set_param(p, full); }
-  [[nodiscard]] std::vector<main_type> get_param(param_id p) { return e_.get_param(p); }
-  [[nodiscard]] param_id find(unit_id u, std::string_view name) const { return e_.find(u, name); }
+  //! The full main-weight value of a parameter on every rank's host.
+  //! Collective: every rank calls it (on one rank alone it waits for the others).
+  [[nodiscard]] std::vector<main_type> get_param(param_id p) {
+    const auto& s = e_.registry().slot(p);
+    const std::vector<main_type> unit = e_.gather_main(std::size_t(p.unit));
+    return {unit.begin() + std::ptrdiff_t(s.offset), unit.begin() + std::ptrdiff_t(s.offset + s.numel)};
+  }
+  [[nodiscard]] param_id find(unit_id u, std::string_view name) const { return e_.registry().find(u, name); }
+  //! Unit u's flat layout: its tensors' offsets, its padding and each rank's shard.
+  [[nodiscard]] const unit_layout& layout(unit_id u) const { return check_unit(u), e_.layout(std::size_t(u.index)); }
+  //! A parameter's name, shape, offset and size in its unit's flat buffer.
+  [[nodiscard]] const tensor_slot& slot(param_id p) const { return e_.registry().slot(p); }
 
   [[nodiscard]] unit_scope gather(unit_id u) {
     check_unit(u);
@@ -105,7 +123,11 @@ public:
     return unit_scope(e_, std::size_t(u.index));
   }
   //! Gradient view outside a scope (not under optim_grads_params, whose units must be gathered).
-  [[nodiscard]] std::span<grad_type> grad(param_id p) { return e_.grad(p); }
+  [[nodiscard]] std::span<grad_type> grad(param_id p) {
+    const auto& s = e_.registry().slot(p);
+    return e_.unit_grads(std::size_t(p.unit)).subspan(s.offset, s.numel);
+  }
+  //! Starts micro-batch index of count (optional with one micro-batch per step).
   void begin_micro_batch(int index, int count) { e_.begin_micro_batch(index, count); }
   void reduce_grads(unit_id u) {
     check_unit(u);
@@ -116,7 +138,12 @@ public:
   void synchronize() { e_.synchronize(); }
   //! Drops cached gathered units (optim_grads_params); the next gather() all-gathers again.
   void release_gathered() { e_.release_gathered(); }
-  //! Unit u's reduced gradient shard lives in `memory` (wrapper_options::lend_grad_shards).
+  //! Under wrapper_options::lend_grad_shards: unit u's reduced gradient shard
+  //! lives in `memory` (at least layout(u).shard_numel() elements, 16-byte
+  //! aligned) from now on. The wrapper writes it from u's reduce_grads until
+  //! the optimizer step has read it; the caller may use it between a step and
+  //! u's next reduce_grads (the unit's own activations, say). Between steps
+  //! only; a no-op where nothing is sharded or one rank holds everything.
   void lend_grad_shard(unit_id u, std::span<grad_type> memory) {
     check_unit(u);
     e_.lend_grad_shard(std::size_t(u.index), memory);
@@ -124,14 +151,17 @@ public:
 
   [[nodiscard]] int rank() const { return e_.rank(); }
   [[nodiscard]] int world() const { return e_.world(); }
-  [[nodiscard]] std::size_t num_units() const noexcept { return e_.num_units(); }
-  [[nodiscard]] std::size_t num_params() const noexcept { return e_.num_params(); }
+  [[nodiscard]] bool finalized() const noexcept { return e_.registry().finalized(); }
+  [[nodiscard]] std::size_t num_units() const noexcept { return e_.registry().num_units(); }
+  [[nodiscard]] std::size_t num_params() const noexcept { return e_.registry().num_params(); }
+  //! Bytes of model state this rank holds (valid after finalize).
   [[nodiscard]] const memory_plan& planned() const { return e_.planned(); }
-  [[nodiscard]] engine_type& engine() noexcept { return e_; }
+  //! The public view of this rank's shards, for optimizers, checkpoints and tools.
+  [[nodiscard]] shard_view<Cfg> shards() noexcept { return shard_view<Cfg>(e_); }
 
 private:
   void check_unit(unit_id u) const {
-    TESSERA_CHECK(u.index >= 0 && std::size_t(u.index) < e_.num_units(), "unknown unit ", u.index);
+    TESSERA_CHECK(u.index >= 0 && std::size_t(u.index) < e_.registry().num_units(), "unknown unit ", u.index);
   }
   engine_type e_;
 };

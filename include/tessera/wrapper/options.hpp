@@ -1,6 +1,7 @@
 #pragma once
 //! \file Run-time options of the data-parallel wrappers and the handles they hand out.
 #include <cstddef>
+#include <span>
 
 namespace tessera {
 
@@ -35,6 +36,13 @@ struct param_id {
   int unit = -1;
   int index = -1;
   friend bool operator==(param_id, param_id) = default;
+};
+
+//! A unit's gradients for a writer (unit_scope::grads_for_write).
+template <class G>
+struct grad_target {
+  std::span<G> grads;  //!< the whole padded unit
+  bool fresh;          //!< true: holds no gradient yet this step; assign every element, do not accumulate
 };
 
 //! Bytes of model state a wrapper (plus optimizer) holds per rank.

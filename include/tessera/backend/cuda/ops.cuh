@@ -28,6 +28,16 @@
 
 namespace tessera {
 
+namespace cuda {
+//! How a vector for_each spreads its chunks of V elements over threads
+//! (backend_ops<backend::cuda>::for_each_vector; benchmarks compare them).
+enum class spread {
+  grid_stride,     //!< a grid that fills the device once; each thread loops
+  one_per_thread,  //!< one chunk per thread, as many blocks as it takes
+  unrolled,        //!< grid_stride with the loop unrolled 4 times (more loads in flight)
+};
+}  // namespace cuda
+
 namespace cuda::detail {
 
 template <class F>
@@ -35,13 +45,6 @@ __global__ void for_each_kernel(std::size_t n, F f) {
   for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x)
     f(i);
 }
-
-//! How a vector for_each spreads its chunks of V elements over threads.
-enum class spread {
-  grid_stride,     //!< a grid that fills the device once; each thread loops
-  one_per_thread,  //!< one chunk per thread, as many blocks as it takes
-  unrolled,        //!< grid_stride with the loop unrolled 4 times (more loads in flight)
-};
 
 template <int V, spread Mode, bool Stream, class F>
 __global__ void for_each_vec_kernel(std::size_t n, F f) {
@@ -163,7 +166,7 @@ struct backend_ops<backend::cuda> {
   //! unrolled, 92-93% 8-wide; evict-first hints cost the bf16 path 6 points.
   template <class F> static void for_each(std::size_t n, const F& f) {
     if constexpr (cuda::detail::vector_functor<F>) {
-      if (f.vector_ok) return for_each_vector<F::vector_width, cuda::detail::spread::one_per_thread, false>(n, f);
+      if (f.vector_ok) return for_each_vector<F::vector_width, cuda::spread::one_per_thread, false>(n, f);
     }
     if (n == 0) return;
     const unsigned blocks = unsigned(std::min<std::size_t>(cuda::detail::full_grid(threads), (n + threads - 1) / threads));
@@ -173,12 +176,12 @@ struct backend_ops<backend::cuda> {
 
   //! for_each over chunks of V elements with an explicit spread and cache
   //! policy (Stream: evict-first loads and stores); the benchmark's knob.
-  template <int V, cuda::detail::spread Mode, bool Stream, class F>
+  template <int V, cuda::spread Mode, bool Stream, class F>
   static void for_each_vector(std::size_t n, const F& f) {
     if (n == 0) return;
     const std::size_t work = std::max<std::size_t>(n / V, 1);
     std::size_t blocks = (work + threads - 1) / threads;
-    if (Mode != cuda::detail::spread::one_per_thread) blocks = std::min<std::size_t>(blocks, cuda::detail::full_grid(threads));
+    if (Mode != cuda::spread::one_per_thread) blocks = std::min<std::size_t>(blocks, cuda::detail::full_grid(threads));
     TESSERA_CHECK(blocks < (std::size_t(1) << 31), "for_each over ", n, " elements exceeds the grid");
     cuda::detail::for_each_vec_kernel<V, Mode, Stream><<<unsigned(blocks), threads, 0, cuda::current_stream()>>>(n, f);
     TESSERA_CUDA(cudaGetLastError());

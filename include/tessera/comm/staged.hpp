@@ -1,0 +1,83 @@
+#pragma once
+//! \file Collectives over a few host values, staged through backend memory
+//! when the communicator works on device buffers, and the one way ranks agree
+//! on a verdict. Everything here is collective: every rank of the
+//! communicator calls it, in the same order.
+//!
+//! C is any communicator (a comm::handle<B>, comm::mpi, comm::nccl, ...).
+#include <cstdint>
+#include <exception>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+#include "tessera/backend/ops.hpp"
+#include "tessera/comm/communicator.hpp"
+#include "tessera/core/dtype.hpp"
+#include "tessera/core/error.hpp"
+
+namespace tessera::comm {
+
+//! In-place all-reduce of host values v.
+template <class C, element_type T>
+void all_reduce_host(C& c, std::span<T> v, reduce_op op) {
+  using B = typename C::backend_type;
+  if constexpr (std::is_same_v<B, backend::host>) {
+    c.all_reduce(v.data(), v.data(), v.size(), dtype_of_v<T>, op);
+  } else {
+    using ops = backend_ops<B>;
+    typename ops::template buffer<T> d(v.size());
+    ops::copy_from_host(d.span(), std::span<const T>(v));
+    c.all_reduce(d.data(), d.data(), v.size(), dtype_of_v<T>, op);
+    ops::copy_to_host(v, std::span<const T>(d.span()));
+  }
+}
+
+//! full (size() x local.size() host values) receives every rank's local.
+template <class C, element_type T>
+void all_gather_host(C& c, std::span<const T> local, std::span<T> full) {
+  TESSERA_CHECK(full.size() == local.size() * std::size_t(c.size()), "all_gather_host: ", full.size(),
+                " elements to receive ", local.size(), " from each of ", c.size(), " ranks");
+  using B = typename C::backend_type;
+  if constexpr (std::is_same_v<B, backend::host>) {
+    c.all_gather(local.data(), full.data(), local.size(), dtype_of_v<T>);
+  } else {
+    using ops = backend_ops<B>;
+    typename ops::template buffer<T> d_local(local.size()), d_full(full.size());
+    ops::copy_from_host(d_local.span(), local);
+    c.all_gather(d_local.data(), d_full.data(), local.size(), dtype_of_v<T>);
+    ops::copy_to_host(full, std::span<const T>(d_full.span()));
+  }
+}
+
+//! Whether `mine` holds on every rank: one one-byte min all-reduce.
+template <class C>
+[[nodiscard]] bool all_agree(C& c, bool mine) {
+  std::uint8_t v = mine ? 1 : 0;
+  all_reduce_host(c, std::span<std::uint8_t>(&v, 1), reduce_op::min);
+  return v != 0;
+}
+
+//! Whether every rank passed the same value (its top 63 bits): one
+//! all-reduce of (v, ~v) under max. Where any two ranks differ, no rank holds
+//! both maxima, so every rank returns false; nobody is left waiting.
+template <class C>
+[[nodiscard]] bool all_same(C& c, std::uint64_t v) {
+  const std::int64_t mine[2] = {std::int64_t(v >> 1), std::int64_t((~v) >> 1)};
+  std::int64_t got[2] = {mine[0], mine[1]};
+  all_reduce_host(c, std::span<std::int64_t>(got, 2), reduce_op::max);
+  return got[0] == mine[0] && got[1] == mine[1];
+}
+
+//! Ends a step that may have failed on some ranks: the failing ones rethrow
+//! their own error, the others throw "`what` failed on another rank". Nobody
+//! is left waiting, and nobody goes on alone.
+template <class C>
+void agree_or_throw(C& c, const std::exception_ptr& error_here, std::string_view what) {
+  const bool all_ok = all_agree(c, !error_here);
+  if (error_here) std::rethrow_exception(error_here);
+  TESSERA_CHECK(all_ok, what, " failed on another rank (see its error); nothing was changed here");
+}
+
+}  // namespace tessera::comm

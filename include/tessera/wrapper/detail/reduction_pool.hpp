@@ -1,0 +1,109 @@
+#pragma once
+//! \file reduction_pool: the fixed set of full-size gradient / wire buffers
+//! that reductions in flight hold, and what each reduction does when its
+//! collective completes (convert from the wire dtype, post-divide, accumulate
+//! into the unit's gradients). Reductions complete in the order they were
+//! issued, so every rank waits on the same sequence.
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "tessera/backend/ops.hpp"
+#include "tessera/comm/communicator.hpp"
+#include "tessera/wrapper/detail/convert.hpp"
+
+namespace tessera::detail {
+
+template <class G, class W, class B>
+class reduction_pool {
+  using ops = backend_ops<B>;
+  template <class T> using buffer = typename ops::template buffer<T>;
+
+public:
+  //! Where a completed reduction lands.
+  enum class landing {
+    all_reduced,  //!< the wire buffer holds the reduced full unit: into `dst` (n elements)
+    direct,       //!< the collective wrote `dst` itself (the unit's gradient shard)
+    staged,       //!< wire_shard holds the reduced shard: converted and added into `dst`
+  };
+  struct slot {
+    buffer<G> grad;        // full gradients (sharded gradients only)
+    buffer<W> wire;        // full wire buffer (when W != G)
+    buffer<W> wire_shard;  // reduced shard before conversion (sharded optimizer, W != G)
+    int unit = -1;         // the unit whose gradients or reduction it holds; -1: free
+  };
+
+  reduction_pool() = default;
+  //! `count` slots, each with grad_n gradient, wire_n wire and shard_n staging elements.
+  reduction_pool(int count, std::size_t grad_n, std::size_t wire_n, std::size_t shard_n) {
+    for (int i = 0; i < count; ++i) {
+      slots_.push_back({buffer<G>(grad_n), buffer<W>(wire_n), buffer<W>(shard_n), -1});
+      flight_.emplace_back();
+    }
+  }
+
+  [[nodiscard]] std::size_t size() const noexcept { return slots_.size(); }
+  [[nodiscard]] slot& operator[](int i) { return slots_[std::size_t(i)]; }
+  //! A slot no unit holds, or -1.
+  [[nodiscard]] int free_slot() const noexcept {
+    for (std::size_t i = 0; i < slots_.size(); ++i)
+      if (slots_[i].unit < 0) return int(i);
+    return -1;
+  }
+  //! The slot whose reduction was issued first among those in flight, or -1.
+  [[nodiscard]] int oldest_pending() const noexcept {
+    int best = -1;
+    for (std::size_t i = 0; i < flight_.size(); ++i)
+      if (flight_[i].pending && (best < 0 || flight_[i].order < flight_[std::size_t(best)].order)) best = int(i);
+    return best;
+  }
+
+  //! Slot i's reduction is in flight as `r`; on completion it lands as `how`
+  //! in dst[0, n), scaled by `post` (and, staged, replacing dst when `overwrite`).
+  void issue(int i, comm::request r, landing how, G* dst, std::size_t n, float post, bool overwrite) {
+    flight_[std::size_t(i)] = {std::move(r), ++order_, how, dst, n, post, overwrite, true};
+  }
+  //! Waits for slot i's reduction, lands it, frees the slot; returns its unit.
+  int complete(int i) {
+    auto& f = flight_[std::size_t(i)];
+    auto& sl = slots_[std::size_t(i)];
+    f.req.wait();
+    f.pending = false;
+    switch (f.how) {
+      case landing::all_reduced:
+        if constexpr (!std::is_same_v<W, G>) ops::for_each(f.n, scale_convert<G, W>{sl.wire.data(), f.dst, f.post});
+        else if (f.post != 1.0f) ops::for_each(f.n, scale_convert<G, G>{f.dst, f.dst, f.post});
+        break;
+      case landing::direct:
+        if (f.post != 1.0f) ops::for_each(f.n, scale_convert<G, G>{f.dst, f.dst, f.post});
+        break;
+      case landing::staged:
+        ops::for_each(f.n, accumulate_convert<G, W>{sl.wire_shard.data(), f.dst, f.post, f.overwrite});
+        break;
+    }
+    return std::exchange(sl.unit, -1);
+  }
+  //! Frees every slot (nothing may be in flight).
+  void clear() noexcept {
+    for (auto& s : slots_) s.unit = -1;
+  }
+
+private:
+  struct flight {
+    comm::request req;
+    std::uint64_t order = 0;
+    landing how = landing::direct;
+    G* dst = nullptr;
+    std::size_t n = 0;
+    float post = 1.0f;
+    bool overwrite = false;
+    bool pending = false;  // issued and not completed (a request may finish before its wait)
+  };
+  std::vector<slot> slots_;
+  std::vector<flight> flight_;
+  std::uint64_t order_ = 0;
+};
+
+}  // namespace tessera::detail

@@ -1,0 +1,97 @@
+#pragma once
+//! \file unit_registry: what a trainer registered (units, their named
+//! parameters) and, once finalized, their flat layouts over the world, checked
+//! to be the same on every rank.
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "tessera/comm/communicator.hpp"
+#include "tessera/comm/staged.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/shard/layout.hpp"
+#include "tessera/wrapper/options.hpp"
+
+namespace tessera::detail {
+
+class unit_registry {
+public:
+  unit_id add_unit(std::string name) {
+    check_open("add_unit('" + name + "')");
+    for (auto& s : specs_) TESSERA_CHECK(s.name != name, "unit '", name, "' registered twice");
+    specs_.push_back({std::move(name), {}});
+    return unit_id{int(specs_.size()) - 1};
+  }
+  param_id add_param(unit_id u, std::string name, shape s, bool weight_decay) {
+    check_open("add_param('" + name + "')");
+    TESSERA_CHECK(u.index >= 0 && std::size_t(u.index) < specs_.size(), "add_param('", name, "'): unknown unit ",
+                  u.index);
+    auto& unit = specs_[std::size_t(u.index)];
+    for (auto& t : unit.tensors)
+      TESSERA_CHECK(t.name != name, "parameter '", name, "' registered twice in unit '", unit.name, "'");
+    unit.tensors.push_back(tensor_spec{std::move(name), std::move(s), weight_decay});
+    return param_id{u.index, int(unit.tensors.size()) - 1};
+  }
+
+  //! Lays every unit out over `world` ranks and checks, with one all-reduce
+  //! over c, that every rank registered the same units, names and shapes:
+  //! where any differs every rank throws, none is left waiting. Collective.
+  template <class Comm>
+  void finalize(Comm& c, std::size_t alignment) {
+    check_open("finalize()");
+    TESSERA_CHECK(!specs_.empty(), "finalize() with no unit registered");
+    for (auto& s : specs_) layouts_.emplace_back(s.name, s.tensors, c.size(), alignment);
+    TESSERA_CHECK(comm::all_same(c, digest(layouts_)), "ranks disagree on the model: rank ", c.rank(),
+                  " registered a different set of units, parameter names or shapes than another rank (",
+                  layouts_.size(), " units, ", num_params(), " elements here)");
+    finalized_ = true;
+  }
+
+  [[nodiscard]] bool finalized() const noexcept { return finalized_; }
+  [[nodiscard]] std::size_t num_units() const noexcept { return specs_.size(); }
+  [[nodiscard]] std::size_t num_params() const noexcept {
+    std::size_t n = 0;
+    for (auto& l : layouts_)
+      for (auto& t : l.tensors()) n += t.numel;
+    return n;
+  }
+  [[nodiscard]] const std::vector<unit_layout>& layouts() const { return require_final("layouts()"), layouts_; }
+  [[nodiscard]] const unit_layout& layout(std::size_t u) const {
+    require_final("layout()");
+    TESSERA_CHECK(u < layouts_.size(), "unknown unit ", u);
+    return layouts_[u];
+  }
+  [[nodiscard]] const tensor_slot& slot(param_id p) const {
+    require_final("slot()");
+    TESSERA_CHECK(p.unit >= 0 && std::size_t(p.unit) < layouts_.size() && p.index >= 0 &&
+                      std::size_t(p.index) < layouts_[std::size_t(p.unit)].tensors().size(),
+                  "unknown parameter (unit ", p.unit, ", index ", p.index, ")");
+    return layouts_[std::size_t(p.unit)].tensors()[std::size_t(p.index)];
+  }
+  //! The parameter called name in unit u.
+  [[nodiscard]] param_id find(unit_id u, std::string_view name) const {
+    TESSERA_CHECK(u.index >= 0 && std::size_t(u.index) < specs_.size(), "find: unknown unit ", u.index);
+    const auto& t = specs_[std::size_t(u.index)].tensors;
+    for (std::size_t i = 0; i < t.size(); ++i)
+      if (t[i].name == name) return {u.index, int(i)};
+    fail("no parameter '" + std::string(name) + "' in unit '" + specs_[std::size_t(u.index)].name + "'");
+  }
+  void require_final(const char* what) const { TESSERA_CHECK(finalized_, what, " before finalize()"); }
+
+private:
+  struct unit_spec {
+    std::string name;
+    std::vector<tensor_spec> tensors;
+  };
+  void check_open(const std::string& what) const {
+    TESSERA_CHECK(!finalized_, what, " after finalize(): register every unit and parameter before finalize()");
+  }
+
+  std::vector<unit_spec> specs_;
+  std::vector<unit_layout> layouts_;
+  bool finalized_ = false;
+};
+
+}  // namespace tessera::detail

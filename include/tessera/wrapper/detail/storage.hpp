@@ -1,0 +1,80 @@
+#pragma once
+//! \file What a config stores per unit and rank, and how many bytes: the
+//! rules the engine allocates by and the memory plan reports, in one place so
+//! the two cannot drift apart.
+//!
+//! Vocabulary, per unit and rank:
+//! - compute weights (C): the full padded unit when parameters are replicated,
+//!   the rank's shard under optim_grads_params (gathered into a pool slot on use);
+//! - optimizer range: what this rank's optimizer updates. The full padded unit
+//!   for no_shard (every rank updates identically), the rank's shard otherwise;
+//! - main weights (M) over the optimizer range. When M == C they alias the
+//!   compute weights, so full_precision holds each weight once;
+//! - gradients (G): a persistent full buffer for no_shard and optim (they
+//!   accumulate micro-batches locally and communicate once), reduction-pool
+//!   slots for optim_grads and optim_grads_params, which reduce-scatter every
+//!   micro-batch and accumulate into a persistent shard.
+#include <algorithm>
+#include <cstddef>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "tessera/policy/config.hpp"
+#include "tessera/shard/layout.hpp"
+#include "tessera/wrapper/options.hpp"
+
+namespace tessera::detail {
+
+template <config_type Cfg>
+struct storage {
+  using strategy = typename Cfg::strategy;
+  using C = typename Cfg::compute_type;
+  using M = typename Cfg::main_type;
+  using G = typename Cfg::grad_type;
+  using W = typename Cfg::wire_type;
+  static constexpr bool main_aliases_compute = std::is_same_v<C, M>;
+  static constexpr bool wire_is_grad = std::is_same_v<W, G>;
+  static constexpr bool persistent_full_grads = !strategy::shards_grads;
+
+  //! One rank and gradients already in the wire type: nothing to communicate,
+  //! so the shard is the whole unit and gather / reduce become views.
+  static constexpr bool solo(int world) noexcept { return world == 1 && wire_is_grad; }
+
+  //! [first element, count) of rank r's optimizer range in unit L.
+  static std::pair<std::size_t, std::size_t> opt_range(const unit_layout& L, int r) noexcept {
+    if constexpr (strategy::shards_optimizer) return {L.shard_begin(r), L.shard_numel()};
+    else return {0, L.padded_numel()};
+  }
+
+  //! Bytes of one reduction-pool slot for units of `padded` elements.
+  static std::size_t slot_bytes(std::size_t padded, std::size_t shard) noexcept {
+    std::size_t b = 0;
+    if (strategy::shards_grads) b += padded * sizeof(G);
+    if (!wire_is_grad) b += padded * sizeof(W);
+    if (strategy::shards_optimizer && !wire_is_grad) b += shard * sizeof(W);  // staging for the conversion back
+    return b;
+  }
+
+  //! What one rank will hold, from the layouts alone.
+  static memory_plan plan(const std::vector<unit_layout>& units, int world, const wrapper_options& o) {
+    memory_plan p;
+    std::size_t max_padded = 0;
+    const bool alone = solo(world);
+    for (auto& u : units) {
+      const std::size_t full = u.padded_numel(), shard = u.shard_numel();
+      const std::size_t opt_n = strategy::shards_optimizer ? shard : full;
+      max_padded = std::max(max_padded, full);
+      p.compute_weights += (strategy::shards_params ? shard : full) * sizeof(C);
+      if (!main_aliases_compute) p.main_weights += opt_n * sizeof(M);
+      if (persistent_full_grads || alone) p.grads += full * sizeof(G);
+      if (strategy::shards_optimizer && !alone && !o.lend_grad_shards) p.grads += shard * sizeof(G);
+    }
+    if (alone) return p;  // no gather or reduction buffers: nothing is communicated
+    if (strategy::shards_params) p.gathered_buffers = std::size_t(o.gather_buffers) * max_padded * sizeof(C);
+    p.reduction_buffers = std::size_t(o.grad_buffers) * slot_bytes(max_padded, max_padded / std::size_t(world));
+    return p;
+  }
+};
+
+}  // namespace tessera::detail

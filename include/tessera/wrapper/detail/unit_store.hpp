@@ -1,0 +1,192 @@
+#pragma once
+//! \file unit_store: each unit's persistent buffers on this rank (compute
+//! weights, main weights, gradients or their shard) and everything that reads
+//! or writes them outside the micro-batch protocol: initial values, the
+//! optimizer's ranges, the weight publication after a step, lent shards.
+//! storage.hpp says which buffers a config has.
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "tessera/backend/ops.hpp"
+#include "tessera/comm/communicator.hpp"
+#include "tessera/comm/staged.hpp"
+#include "tessera/core/dtype.hpp"
+#include "tessera/wrapper/detail/comm_buffer.hpp"
+#include "tessera/wrapper/detail/convert.hpp"
+#include "tessera/wrapper/detail/registry.hpp"
+#include "tessera/wrapper/detail/storage.hpp"
+
+namespace tessera::detail {
+
+template <config_type Cfg>
+class unit_store {
+  using rules = storage<Cfg>;
+  using strategy = typename Cfg::strategy;
+  using B = typename Cfg::backend_type;
+  using ops = backend_ops<B>;
+  template <class T> using buffer = typename ops::template buffer<T>;
+  using C = typename rules::C;
+  using M = typename rules::M;
+  using G = typename rules::G;
+
+public:
+  struct unit {
+    comm_buffer<C, B> weights;    // full padded, or the shard under optim_grads_params (shared memory then)
+    buffer<M> main;               // optimizer range; empty when aliasing the compute weights
+    buffer<G> grad_full;          // persistent full gradients (no_shard, optim; or one rank alone)
+    buffer<G> own_shard;          // the reduced gradient shard's memory, unless lent
+    G* grad_shard = nullptr;      // reduced gradient shard (sharded optimizer): own_shard or lent memory
+    comm::request weights_ready;  // post-step all-gather (optim, optim_grads)
+    bool shard_fresh = true;      // grad_shard holds nothing yet this step
+    bool zero_pending = false;    // grad_full is logically zero (see full_grads)
+  };
+
+  //! Allocates every unit's buffers (after the registry is finalized); `solo`: one rank holds everything.
+  void allocate(const unit_registry& reg, comm::handle<B> c, bool solo, bool lend_shards) {
+    reg_ = &reg;
+    comm_ = c;
+    solo_ = solo;
+    for (const auto& L : reg.layouts()) {
+      unit st;
+      st.weights = strategy::shards_params ? comm_buffer<C, B>(c, L.shard_numel(), !solo)
+                                           : comm_buffer<C, B>(c, L.padded_numel(), false);
+      ops::fill(st.weights.span(), C{});
+      if constexpr (!rules::main_aliases_compute) {
+        st.main = buffer<M>(rules::opt_range(L, c.rank()).second);
+        ops::fill(st.main.span(), M{});
+      }
+      if (has_full_grads()) {
+        st.grad_full = buffer<G>(L.padded_numel());
+        ops::fill(st.grad_full.span(), G{});  // the padding stays zero from here on
+      }
+      if (has_shards() && !lend_shards) {
+        st.own_shard = buffer<G>(L.shard_numel());
+        ops::fill(st.own_shard.span(), G{});
+        st.grad_shard = st.own_shard.data();
+      }
+      units_.push_back(std::move(st));
+    }
+  }
+  [[nodiscard]] std::size_t size() const noexcept { return units_.size(); }
+  [[nodiscard]] unit& operator[](std::size_t u) { return units_.at(u); }
+  [[nodiscard]] const unit& operator[](std::size_t u) const { return units_.at(u); }
+  //! Gradients live in a persistent full buffer (else in reduction slots).
+  [[nodiscard]] bool has_full_grads() const noexcept { return rules::persistent_full_grads || solo_; }
+  //! Reduced gradients land in a shard per unit (the optimizer is sharded over several ranks).
+  [[nodiscard]] bool has_shards() const noexcept { return strategy::shards_optimizer && !solo_; }
+
+  // ---- what the optimizer works on ------------------------------------------------
+  [[nodiscard]] std::pair<std::size_t, std::size_t> opt_range(std::size_t u) const {
+    return rules::opt_range(reg_->layout(u), comm_.rank());
+  }
+  [[nodiscard]] std::span<M> main_weights(std::size_t u) {
+    if constexpr (rules::main_aliases_compute) {
+      const auto [lo, n] = opt_range(u);
+      return units_.at(u).weights.span().subspan(strategy::shards_params ? 0 : lo, n);
+    } else {
+      return units_.at(u).main.span();
+    }
+  }
+  //! Where the optimizer may write compute weights for unit u's optimizer range
+  //! in the same pass as the update; null when they alias the main weights.
+  [[nodiscard]] C* compute_out(std::size_t u) {
+    if constexpr (rules::main_aliases_compute) return nullptr;
+    else return units_.at(u).weights.data() + (strategy::shards_params ? 0 : opt_range(u).first);
+  }
+  //! The persistent full gradients of unit u, zeroed first if a zero_grad is pending.
+  std::span<G> full_grads(std::size_t u) {
+    auto& st = units_.at(u);
+    if (std::exchange(st.zero_pending, false)) ops::fill(st.grad_full.span(), G{});
+    return st.grad_full.span();
+  }
+  //! Unit u's reduced gradient shard; a clear error where it was to be lent and was not.
+  std::span<G> shard(std::size_t u) {
+    TESSERA_CHECK(units_.at(u).grad_shard != nullptr, "unit '", reg_->layout(u).name(),
+                  "' has no gradient shard: wrapper_options.lend_grad_shards is set and lend_grad_shard was not "
+                  "called for it");
+    return {units_[u].grad_shard, reg_->layout(u).shard_numel()};
+  }
+  //! The gradients the optimizer reads over its range.
+  [[nodiscard]] std::span<G> opt_grads(std::size_t u) { return has_shards() ? shard(u) : full_grads(u); }
+  //! Lent memory for unit u's gradient shard (checked by the caller).
+  void lend(std::size_t u, G* memory) {
+    units_.at(u).grad_shard = memory;
+    units_[u].shard_fresh = true;
+  }
+  //! A new accumulation: full gradients zeroed when next used; shards overwritten by their first reduction.
+  void start_accumulation() {
+    for (auto& st : units_) {
+      st.zero_pending = has_full_grads();
+      st.shard_fresh = true;
+    }
+  }
+
+  // ---- values -----------------------------------------------------------------------
+  //! Sets a parameter from its full value in host memory; every rank keeps its piece.
+  void set_param(const tensor_slot& s, std::size_t u, std::span<const M> full) {
+    const auto& L = reg_->layout(u);
+    const auto [lo, n] = opt_range(u);
+    if (const auto hit = intersect(s.offset, s.numel, lo, n); hit.count)
+      ops::copy_from_host(main_weights(u).subspan(hit.range_begin, hit.count), full.subspan(hit.tensor_begin, hit.count));
+    // Compute weights: the whole tensor where replicated, the piece where
+    // sharded (where they alias the main weights, this covers what the
+    // optimizer range did not).
+    auto& w = units_[u].weights;
+    const auto c = intersect(s.offset, s.numel, strategy::shards_params ? L.shard_begin(comm_.rank()) : 0, w.span().size());
+    if (c.count) {
+      std::vector<C> host(c.count);
+      for (std::size_t i = 0; i < c.count; ++i) host[i] = convert<C>(full[c.tensor_begin + i]);
+      ops::copy_from_host(w.span().subspan(c.range_begin, c.count), std::span<const C>(host));
+    }
+  }
+  //! The whole padded unit of main weights on every rank's host. Collective.
+  [[nodiscard]] std::vector<M> gather_main(std::size_t u) {
+    units_.at(u).weights_ready.wait();
+    std::vector<M> local(opt_range(u).second);
+    ops::copy_to_host(std::span<M>(local), std::span<const M>(main_weights(u)));
+    if constexpr (!strategy::shards_optimizer) {
+      return local;
+    } else {
+      std::vector<M> full(reg_->layout(u).padded_numel());
+      comm::all_gather_host(comm_, std::span<const M>(local), std::span<M>(full));
+      return full;
+    }
+  }
+  //! After the optimizer wrote main weights (and, if `converted`, the compute
+  //! weights through compute_out): refresh the compute weights and, where they
+  //! are replicated but the optimizer is sharded, start their all-gather.
+  void publish(bool converted) {
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      auto& st = units_[u];
+      const auto [lo, n] = opt_range(u);
+      C* dst = st.weights.data() + (strategy::shards_params ? 0 : lo);
+      if constexpr (!rules::main_aliases_compute)
+        if (!converted) ops::for_each(n, scale_convert<C, M>{st.main.data(), dst, 1.0});
+      if constexpr (strategy::shards_optimizer && !strategy::shards_params)
+        if (!solo_) st.weights_ready = comm_.iall_gather(dst, st.weights.data(), n, dtype_of_v<C>);
+    }
+  }
+  void wait_weights() {
+    for (auto& st : units_) st.weights_ready.wait();
+  }
+
+private:
+  struct range_hit {
+    std::size_t tensor_begin = 0, range_begin = 0, count = 0;
+  };
+  static range_hit intersect(std::size_t off, std::size_t numel, std::size_t lo, std::size_t n) {
+    const std::size_t a = std::max(off, lo), b = std::min(off + numel, lo + n);
+    if (a >= b) return {};
+    return {a - off, a - lo, b - a};
+  }
+
+  const unit_registry* reg_ = nullptr;
+  comm::handle<B> comm_;
+  std::vector<unit> units_;
+  bool solo_ = false;
+};
+
+}  // namespace tessera::detail
