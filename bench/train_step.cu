@@ -25,10 +25,10 @@
 #include <string>
 #include <vector>
 
-#include "../examples/mlp_lm/cuda_compute.cuh"
-#include "../examples/mlp_lm/data.hpp"
-#include "../examples/mlp_lm/gpu_placement.hpp"
-#include "../examples/mlp_lm/model.hpp"
+#include "mlp_lm/cuda_compute.cuh"
+#include "mlp_lm/data.hpp"
+#include "mlp_lm/gpu_placement.hpp"
+#include "mlp_lm/model.hpp"
 #include "common.cuh"
 #include "tessera/tessera.hpp"
 

@@ -7,8 +7,8 @@
 
 #include <cstdio>
 
-#include "cuda_compute.cuh"
-#include "gpu_placement.hpp"
+#include "mlp_lm/cuda_compute.cuh"
+#include "mlp_lm/gpu_placement.hpp"
 #include "trainer.hpp"
 
 namespace mlp_lm {

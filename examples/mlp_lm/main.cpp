@@ -6,7 +6,7 @@
 #include <cstdio>
 
 #include "tessera/core/config.hpp"
-#include "host_compute.hpp"
+#include "mlp_lm/host_compute.hpp"
 #include "options.hpp"
 #include "trainer.hpp"
 #if TESSERA_CUDA_COMPILER

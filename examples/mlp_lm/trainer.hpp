@@ -15,8 +15,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "data.hpp"
-#include "model.hpp"
+#include "mlp_lm/data.hpp"
+#include "mlp_lm/model.hpp"
 #include "options.hpp"
 #include "tessera/checkpoint/checkpoint.hpp"
 #include "tessera/checkpoint/consolidate.hpp"

@@ -12,7 +12,7 @@
 #include <random>
 #include <vector>
 
-#include "../../examples/mlp_lm/cuda_kernels.cuh"
+#include "mlp_lm/cuda_kernels.cuh"
 #include "tessera/backend/cuda/blaslt.hpp"
 #include "tessera/tessera.hpp"
 

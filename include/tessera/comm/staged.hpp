@@ -5,7 +5,10 @@
 //! communicator calls it, in the same order.
 //!
 //! C is any communicator (a comm::handle<B>, comm::mpi, comm::nccl, ...).
+#include <algorithm>
+#include <array>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <span>
 #include <string>
@@ -70,14 +73,46 @@ template <class C>
   return got[0] == mine[0] && got[1] == mine[1];
 }
 
+//! buf (host memory) receives rank root's buf.
+template <class C, element_type T>
+void broadcast_host(C& c, std::span<T> buf, int root) {
+  using B = typename C::backend_type;
+  if constexpr (std::is_same_v<B, backend::host>) {
+    c.broadcast(buf.data(), buf.size(), dtype_of_v<T>, root);
+  } else {
+    using ops = backend_ops<B>;
+    typename ops::template buffer<T> d(buf.size());
+    ops::copy_from_host(d.span(), std::span<const T>(buf));
+    c.broadcast(d.data(), buf.size(), dtype_of_v<T>, root);
+    ops::copy_to_host(buf, std::span<const T>(d.span()));
+  }
+}
+
 //! Ends a step that may have failed on some ranks: the failing ones rethrow
-//! their own error, the others throw "`what` failed on another rank". Nobody
-//! is left waiting, and nobody goes on alone.
+//! their own error; the others throw "`what` failed on rank R: <R's error>"
+//! with the lowest failing rank's message, so every rank's log says why even
+//! where the launcher stops the job at the first exit. Nobody is left
+//! waiting, and nobody goes on alone.
 template <class C>
 void agree_or_throw(C& c, const std::exception_ptr& error_here, std::string_view what) {
-  const bool all_ok = all_agree(c, !error_here);
+  std::int32_t first = error_here ? c.rank() : c.size();  // the lowest failing rank, or size(): none
+  all_reduce_host(c, std::span<std::int32_t>(&first, 1), reduce_op::min);
+  if (first == c.size()) return;
+  std::array<std::uint8_t, 1024> why{};  // NUL-terminated text
+  if (first == c.rank()) {
+    try {
+      std::rethrow_exception(error_here);
+    } catch (const std::exception& e) {
+      std::string_view m = e.what();
+      if (m.starts_with("tessera: ")) m.remove_prefix(9);
+      std::memcpy(why.data(), m.data(), std::min(m.size(), why.size() - 1));
+    } catch (...) {
+    }
+  }
+  broadcast_host(c, std::span<std::uint8_t>(why), first);
   if (error_here) std::rethrow_exception(error_here);
-  TESSERA_CHECK(all_ok, what, " failed on another rank (see its error); nothing was changed here");
+  ::tessera::detail::fail(std::string(what) + " failed on rank " + std::to_string(first) + " (" + reinterpret_cast<const char*>(why.data()) +
+       "); nothing was changed here");
 }
 
 }  // namespace tessera::comm

@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "data.hpp"
+#include "mlp_lm/data.hpp"
 #include "tessera/shard/layout.hpp"
 #include "tessera/wrapper/options.hpp"
 

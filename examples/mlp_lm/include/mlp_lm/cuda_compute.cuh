@@ -23,8 +23,8 @@
 #include <string>
 #include <vector>
 
-#include "cuda_kernels.cuh"
-#include "model.hpp"
+#include "mlp_lm/cuda_kernels.cuh"
+#include "mlp_lm/model.hpp"
 #include "tessera/backend/cuda/blaslt.hpp"
 #include "tessera/backend/cuda/buffer.hpp"
 #include "tessera/backend/cuda/stream.hpp"

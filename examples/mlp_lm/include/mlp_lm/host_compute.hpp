@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "model.hpp"
+#include "mlp_lm/model.hpp"
 #include "tessera/backend/host/blas.hpp"
 #include "tessera/backend/host/buffer.hpp"
 #include "tessera/core/dtype.hpp"
