@@ -159,6 +159,8 @@ static_assert(std::is_same_v<only_backend::backend_type, backend::cuda> &&
 using positional = config<optim, fsdp, full_precision<double>, post_divide, backend::host>;
 static_assert(std::is_same_v<positional::main_type, double> && std::is_same_v<positional::averaging, post_divide>);
 static_assert(config_type<any_order> && config_type<only_backend>);
+static_assert(!wrapper_supports("ddp", "optim_grads_params") && wrapper_supports("fsdp", "optim_grads_params") &&
+              wrapper_supports("ddp", "optim_grads") && !wrapper_supports_v<ddp, optim_grads_params>);
 
 BOOST_AUTO_TEST_SUITE(layout)
 

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string>
 
+#include "tessera/policy/config.hpp"
+
 namespace mlp_lm {
 
 struct options {
@@ -95,7 +97,7 @@ inline int parse(int argc, char** argv, options& o) {
   if (o.lend_grad_shards && o.backend != "cuda") return bad("--lend-grad-shards needs --backend cuda");
   if (o.lend_grad_shards && o.accum > 1 && (o.strategy == "optim_grads" || o.strategy == "optim_grads_params"))
     return bad("--lend-grad-shards holds one micro-batch's reduction; use --accum 1 with --strategy " + o.strategy);
-  if (o.wrapper == "ddp" && o.strategy == "optim_grads_params")
+  if (!tessera::wrapper_supports(o.wrapper, o.strategy))
     return bad("--wrapper ddp cannot shard parameters; use --wrapper fsdp for optim_grads_params");
   return -1;
 }

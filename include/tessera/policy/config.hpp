@@ -2,6 +2,7 @@
 //! \file tessera::config: one type that combines a strategy, a wrapper, a
 //! precision, an averaging policy and a backend, and rejects combinations that
 //! cannot work with a message that starts with "tessera:" and says what to pick.
+#include <string_view>
 #include <type_traits>
 
 #include "tessera/core/dtype.hpp"
@@ -40,6 +41,24 @@ template <class P> struct is_backend : std::bool_constant<backend_policy<P>> {};
 template <class P> constexpr bool is_optional_policy = precision_policy<P> || averaging_policy<P> || backend_policy<P>;
 }  // namespace detail
 
+//! Whether wrapper W can run strategy S: DistributedDataParallel keeps
+//! replicated compute weights, so it cannot shard parameters. The one place
+//! this rule is judged; config, the wrappers and programs that pick at run
+//! time (wrapper_supports by name) all ask it.
+template <class W, class S>
+inline constexpr bool wrapper_supports_v = !(std::is_same_v<W, ddp> && detail::shards_params_or_false<S>());
+//! wrapper_supports_v by the policies' names ("ddp", "optim_grads_params", ...).
+[[nodiscard]] constexpr bool wrapper_supports(std::string_view wrapper, std::string_view strategy) noexcept {
+  const auto by = [&]<class W>(W*) {
+    return wrapper != W::name ||
+           ((strategy != no_shard::name || wrapper_supports_v<W, no_shard>) &&
+            (strategy != optim::name || wrapper_supports_v<W, optim>) &&
+            (strategy != optim_grads::name || wrapper_supports_v<W, optim_grads>) &&
+            (strategy != optim_grads_params::name || wrapper_supports_v<W, optim_grads_params>));
+  };
+  return by(static_cast<ddp*>(nullptr)) && by(static_cast<fsdp*>(nullptr));
+}
+
 //! The compile-time description of a data-parallel setup: a strategy, a
 //! wrapper (default fsdp), then, in any order and each at most once, a
 //! precision (default full_precision<float>), an averaging policy (default
@@ -53,7 +72,7 @@ struct config {
                 "choose no_shard, optim, optim_grads or optim_grads_params");
   static_assert(wrapper_policy<Wrapper>,
                 "tessera: the wrapper argument is not a tessera wrapper policy; choose ddp or fsdp");
-  static_assert(!(std::is_same_v<Wrapper, ddp> && detail::shards_params_or_false<Strategy>()),
+  static_assert(wrapper_supports_v<Wrapper, Strategy>,
                 "tessera: DistributedDataParallel keeps replicated compute weights and cannot "
                 "shard parameters; choose the fsdp wrapper for optim_grads_params, or the "
                 "optim_grads strategy with ddp");

@@ -172,7 +172,7 @@ private:
 //! buckets, reduced as soon as reduce_grads(unit) is called.
 template <config_type Cfg>
 class DistributedDataParallel : public detail::data_parallel_base<Cfg> {
-  static_assert(!Cfg::strategy::shards_params,
+  static_assert(wrapper_supports_v<ddp, typename Cfg::strategy>,
                 "tessera: DistributedDataParallel keeps replicated compute weights and cannot shard "
                 "parameters; use FullyShardedDataParallel for optim_grads_params");
 
