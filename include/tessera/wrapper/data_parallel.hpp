@@ -36,7 +36,6 @@ private:
   using engine_type = dp_engine<Cfg>;
 
 public:
-
   //! An RAII hold on one unit's compute weights: gathered (optim_grads_params)
   //! or waited for (after an optimizer step's all-gather). Released on destruction.
   class unit_scope {
@@ -56,8 +55,8 @@ public:
     }
     //! One parameter's gradient for this micro-batch (accumulates over micro-batches).
     [[nodiscard]] std::span<grad_type> grad(param_id p) {
-      const auto& s = slot_of(p);
-      return live().unit_grads(u_).subspan(s.offset, s.numel);
+      slot_of(p);
+      return live().grad(p);
     }
     [[nodiscard]] std::span<grad_type> grads() { return live().unit_grads(u_); }
     //! The whole unit's gradients for a writer that assigns every element of
@@ -123,10 +122,7 @@ public:
     return unit_scope(e_, std::size_t(u.index));
   }
   //! Gradient view outside a scope (not under optim_grads_params, whose units must be gathered).
-  [[nodiscard]] std::span<grad_type> grad(param_id p) {
-    const auto& s = e_.registry().slot(p);
-    return e_.unit_grads(std::size_t(p.unit)).subspan(s.offset, s.numel);
-  }
+  [[nodiscard]] std::span<grad_type> grad(param_id p) { return e_.grad(p); }
   //! Starts micro-batch index of count (optional with one micro-batch per step).
   void begin_micro_batch(int index, int count) { e_.begin_micro_batch(index, count); }
   void reduce_grads(unit_id u) {

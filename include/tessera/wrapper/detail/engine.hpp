@@ -39,7 +39,6 @@ public:
 private:
   using rules = storage<Cfg>;
   using ops = backend_ops<backend_type>;
-  template <class T> using buffer = typename ops::template buffer<T>;
   using C = typename rules::C;
   using M = typename rules::M;
   using G = typename rules::G;
@@ -117,6 +116,11 @@ public:
     for (auto& st : units_) st.reduced = false;
   }
 
+  //! Gradient view of one parameter: its piece of unit_grads.
+  [[nodiscard]] std::span<G> grad(param_id p) {
+    const auto& s = reg_.slot(p);
+    return unit_grads(std::size_t(p.unit)).subspan(s.offset, s.numel);
+  }
   //! Gradient view of a whole padded unit (accumulates over micro-batches).
   [[nodiscard]] std::span<G> unit_grads(std::size_t u) {
     check_grad_access(u);
