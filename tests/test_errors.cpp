@@ -4,8 +4,13 @@
 #include "common/mpi_test_main.hpp"
 #include "common/util.hpp"
 
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
+#include <unistd.h>
 
 #include "tessera/tessera.hpp"
 
@@ -174,4 +179,163 @@ BOOST_AUTO_TEST_CASE(lent_gradient_shards) {
   m.zero_grad();
   m.lend_grad_shard(u, mem.span());  // between steps: accepted
   c.barrier();
+}
+
+// ---- never hang: misuse across ranks is one clear error on every rank --------
+// comm::mpi checks the collective order by default, so each of these fails at
+// the first wrong collective instead of hanging or reducing the wrong buffers.
+namespace {
+using ZG = config<optim_grads, fsdp>;
+
+template <class Model>
+void fill_grads(Model& m, unit_id u, param_id w) {
+  auto s = m.gather(u);
+  for (auto& g : s.grad(w)) g = 1.0f;
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(reductions_in_a_different_order_on_one_rank) {
+  comm::mpi c;
+  if (c.size() == 1) return;
+  data_parallel_t<ZG> m(c);
+  auto a = m.add_unit("alpha"), b = m.add_unit("beta");
+  auto wa = m.add_param(a, "w", {6}), wb = m.add_param(b, "w", {6});  // equal sizes: MPI alone would not notice
+  m.finalize();
+  m.begin_micro_batch(0, 1);
+  fill_grads(m, a, wa);
+  fill_grads(m, b, wb);
+  const bool odd = c.rank() == 1;
+  expect_error([&] {
+    m.reduce_grads(odd ? a : b);
+    m.reduce_grads(odd ? b : a);
+  }, "collective order differs");
+  // The check stopped every rank before the collective: the communicator still works.
+  double one = 1;
+  comm::all_reduce(c, std::span<double>(&one, 1));
+  BOOST_TEST(one == double(c.size()));
+  m.zero_grad();
+}
+
+BOOST_AUTO_TEST_CASE(order_error_names_both_sides) {
+  comm::mpi c;
+  if (c.size() == 1) return;
+  std::string msg;
+  try {
+    comm::label l(c.rank() == 0 ? "gather" : "reduce_grads", "unit7");
+    std::vector<float> x(c.rank() == 0 ? 4 : 5, 1.0f);
+    comm::all_reduce(c, std::span<float>(x));
+  } catch (const tessera::error& e) {
+    msg = e.what();
+  }
+  BOOST_TEST(msg.find("collective order differs") != std::string::npos, msg);
+  BOOST_TEST(msg.find("rank 0 issued all_reduce") != std::string::npos, msg);
+  BOOST_TEST(msg.find("4 x F32, gather unit7") != std::string::npos, msg);
+  BOOST_TEST(msg.find("5 x F32, reduce_grads unit7") != std::string::npos, msg);
+}
+
+BOOST_AUTO_TEST_CASE(ranks_with_different_configs) {
+  comm::mpi c;
+  if (c.size() == 1) return;
+  auto run = [&]<class Cfg>() {
+    data_parallel_t<Cfg> m(c);
+    auto u = m.add_unit("u");
+    (void)m.add_param(u, "w", {7});
+    expect_error([&] { m.finalize(); }, "ranks disagree on the configuration");
+  };
+  if (c.rank() == 0) run.template operator()<config<optim_grads_params, fsdp>>();
+  else run.template operator()<config<no_shard, fsdp>>();
+}
+
+BOOST_AUTO_TEST_CASE(micro_batch_counts_that_differ) {
+  comm::mpi c;
+  if (c.size() == 1) return;
+  data_parallel_t<ZG> m(c);
+  auto u = m.add_unit("u");
+  auto w = m.add_param(u, "w", {8});
+  m.finalize();
+  ShardedOptimizer opt(m, sgd{.lr = 0.1});
+  const int count = c.rank() == 0 ? 2 : 1;
+  expect_error([&] {
+    for (int mb = 0; mb < count; ++mb) {
+      m.begin_micro_batch(mb, count);
+      fill_grads(m, u, w);
+      m.reduce_grads(u);
+    }
+    (void)opt.step();
+  }, "collective order differs");
+}
+
+BOOST_AUTO_TEST_CASE(get_param_on_one_rank) {
+  comm::mpi c;
+  if (c.size() == 1) return;
+  data_parallel_t<Z3> m(c);
+  auto u = m.add_unit("u");
+  auto w = m.add_param(u, "w", {9});
+  m.finalize();
+  expect_error([&] {
+    if (c.rank() == 0) (void)m.get_param(w);
+    double loss = 1;
+    comm::all_reduce(c, std::span<double>(&loss, 1));  // what the others do next
+  }, "collective order differs");
+}
+
+BOOST_AUTO_TEST_CASE(step_without_gradients) {
+  comm::mpi c;
+  data_parallel_t<ZG> m(c);
+  auto u = m.add_unit("u");
+  auto w = m.add_param(u, "w", {5});
+  m.finalize();
+  ShardedOptimizer opt(m, adamw{.lr = 0.1});
+  expect_error([&] { (void)opt.step(); }, "step() with no gradients");
+  m.begin_micro_batch(0, 1);
+  fill_grads(m, u, w);
+  BOOST_TEST(!opt.step().skipped);
+  const auto before = m.get_param(w);
+  expect_error([&] { (void)opt.step(); }, "step() with no gradients");
+  BOOST_TEST(m.get_param(w) == before);  // nothing moved
+}
+
+BOOST_AUTO_TEST_CASE(forgotten_begin_micro_batch) {
+  comm::mpi c;
+  data_parallel_t<ZG> m(c);
+  auto u = m.add_unit("u");
+  auto w = m.add_param(u, "w", {5});
+  m.finalize();
+  m.begin_micro_batch(0, 2);
+  fill_grads(m, u, w);
+  m.reduce_grads(u);
+  expect_error([&] { fill_grads(m, u, w); }, "call begin_micro_batch(index, count) before each one's backward");
+  m.zero_grad();
+}
+
+BOOST_AUTO_TEST_CASE(flight_recorder_file) {
+  comm::mpi c;
+  const auto dir = std::filesystem::temp_directory_path() / ("tessera-trace-test-" + std::to_string(::getppid()));
+  {
+    comm::label l("unit_test", "recorder");
+    std::vector<float> x(3, 1.0f);
+    comm::all_reduce(c, std::span<float>(x));
+    BOOST_TEST(x[0] == float(c.size()));
+  }
+  ::setenv("TESSERA_TRACE_DIR", dir.c_str(), 1);
+  const auto path = comm::trace::global().dump("test", "asked by the test");
+  ::unsetenv("TESSERA_TRACE_DIR");
+  BOOST_REQUIRE(!path.empty());
+  std::ifstream f(path);
+  const auto j = nlohmann::json::parse(f);
+  BOOST_TEST(j["format"] == "tessera-trace");
+  BOOST_TEST(j["reason"] == "test");
+  bool found = false;
+  for (const auto& e : j["entries"])
+    if (e["label"] == "unit_test recorder") {
+      found = true;
+      BOOST_TEST(e["op"] == "all_reduce");
+      BOOST_TEST(e["count"] == 3);
+      BOOST_TEST(e["dtype"] == "F32");
+      BOOST_TEST(e["state"] == "completed");
+      BOOST_TEST(e["completed_us"].get<std::int64_t>() >= e["issued_us"].get<std::int64_t>());
+    }
+  BOOST_TEST(found);
+  c.barrier();
+  if (c.rank() == 0) std::filesystem::remove_all(dir);
 }

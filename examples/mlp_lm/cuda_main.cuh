@@ -37,11 +37,14 @@ inline int run_cuda(const options& o_in, tessera::comm::mpi& world) {
                 which == "nccl" ? "NCCL" : "MPI staged through pinned host memory");
   cuda_usage usage;
   if (which == "nccl") {
-    comm::nccl c(world, comm::nccl_options{.max_ctas = o.nccl_ctas, .copy_engine_gathers = o.copy_engine_gathers});
+    comm::nccl c(world, comm::nccl_options{.timeout_s = o.timeout,
+                                           .order_check = o.order_check == "on",
+                                           .max_ctas = o.nccl_ctas,
+                                           .copy_engine_gathers = o.copy_engine_gathers});
     usage.baseline = cuda_usage::in_use();
     return dispatch<backend::cuda, cuda_mlp>(o, world, c, usage, tessera::cuda::matmul_workspace_bytes());
   }
-  comm::mpi_device c;
+  comm::mpi_device c(comm::mpi_options{.timeout_s = o.timeout, .order_check = o.order_check != "off"});
   usage.baseline = cuda_usage::in_use();
   return dispatch<backend::cuda, cuda_mlp>(o, world, c, usage, tessera::cuda::matmul_workspace_bytes());
 }

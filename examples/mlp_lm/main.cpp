@@ -22,23 +22,20 @@ struct host_usage final : device_usage {
 int main(int argc, char** argv) {
   mlp_lm::options o;
   if (const int rc = mlp_lm::parse(argc, argv, o); rc >= 0) return rc;
-  try {
-    tessera::comm::mpi_session session(&argc, &argv);
-    tessera::comm::mpi world;
+  // An error on any rank ends every rank with its message (comm::mpi_main),
+  // instead of finalising MPI while the others wait in a collective.
+  return tessera::comm::mpi_main(argc, argv, [&] {
+    const bool check_order = o.order_check != "off";  // MPI: auto = on
+    tessera::comm::mpi world(tessera::comm::mpi_options{.timeout_s = o.timeout, .order_check = check_order});
+    mlp_lm::agree_on_options(world, o);
     if (o.backend == "cuda") {
 #if TESSERA_CUDA_COMPILER
       return mlp_lm::run_cuda(o, world);
 #else
-      if (world.rank() == 0)
-        std::fprintf(stderr, "tessera: this build of tessera-mlp-lm has no CUDA backend (configure with CUDA)\n");
-      return 2;
+      tessera::detail::fail("this build of tessera-mlp-lm has no CUDA backend (configure with CUDA)");
 #endif
     }
     mlp_lm::host_usage usage;
     return mlp_lm::dispatch<tessera::backend::host, mlp_lm::host_mlp>(o, world, world, usage);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    MPI_Abort(MPI_COMM_WORLD, 1);  // the other ranks may be inside a collective
-    return 1;
-  }
+  });
 }

@@ -3,8 +3,11 @@
 // and tests rely on them.
 #include <CLI/CLI.hpp>
 
+#include <cmath>
 #include <cstdint>
+#include <charconv>
 #include <string>
+#include <type_traits>
 
 #include "tessera/policy/config.hpp"
 
@@ -16,6 +19,8 @@ struct options {
   long tokens = 1024;
   int steps = 50, accum = 1, log_every = 10, warmup = 0;
   double lr = 3e-3, clip = 1.0, weight_decay = 0.1;
+  double timeout = -1;               // seconds; < 0: the library's default (600, or TESSERA_TIMEOUT_S)
+  std::string order_check = "auto";  // auto: on over MPI, off over NCCL
   std::uint64_t seed = 1;
   std::string data, save, load, dump_weights;
   int save_every = 0, keep = 0;
@@ -74,6 +79,13 @@ inline int parse(int argc, char** argv, options& o) {
                  "world size); --steps stays the total");
   app.add_option("--dump-weights", o.dump_weights, "write the final weights as one safetensors file (rank 0)");
   app.add_flag("--json", o.json, "one JSON object per logged step on rank 0, and a summary line");
+  app.add_option("--timeout", o.timeout,
+                 "seconds a rank may wait in one collective before the job ends with the collective named and a trace "
+                 "file per rank (0: never; default 600 or TESSERA_TIMEOUT_S)")
+      ->check(CLI::Range(0.0, 1e7));
+  app.add_option("--order-check", o.order_check,
+                 "check before each collective that every rank issues the same one (auto: on over MPI, off over NCCL)")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -89,6 +101,15 @@ inline int parse(int argc, char** argv, options& o) {
     std::fprintf(stderr, "tessera: %s\n", m.c_str());
     return 2;
   };
+  if (!std::isfinite(o.lr) || o.lr > 10) return bad("--lr " + std::to_string(o.lr) + " is not a learning rate (0 < lr <= 10)");
+  if (!std::isfinite(o.clip) || !std::isfinite(o.weight_decay) || o.weight_decay > 10)
+    return bad("--clip and --weight-decay must be finite (and --weight-decay at most 10)");
+  if (o.steps < 1) return bad("--steps must be at least 1 (it is the total, counting steps a --load resumes past)");
+  if (app.count("--load") && o.load.empty()) return bad("--load needs a path");
+  if (app.count("--save") && o.save.empty()) return bad("--save needs a path");
+  if (o.backend == "host" && o.comm != "auto") return bad("--comm " + o.comm + " applies to --backend cuda only");
+  if (o.backend == "host" && (o.recompute_gelu || o.copy_engine_gathers || o.gemm_sms >= 0 || o.nccl_ctas > 0))
+    return bad("--recompute-gelu, --copy-engine-gathers, --gemm-sms and --nccl-ctas apply to --backend cuda only");
   if (o.d % o.ctx != 0) return bad("--d " + std::to_string(o.d) + " is not a multiple of --ctx " + std::to_string(o.ctx));
   if (o.tokens % o.accum != 0)
     return bad("--tokens " + std::to_string(o.tokens) + " does not split into --accum " + std::to_string(o.accum) +
@@ -100,6 +121,35 @@ inline int parse(int argc, char** argv, options& o) {
   if (!tessera::wrapper_supports(o.wrapper, o.strategy))
     return bad("--wrapper ddp cannot shard parameters; use --wrapper fsdp for optim_grads_params");
   return -1;
+}
+
+//! Every option as "name=value" lines: ranks compare it before training
+//! (a flag given to one rank only would otherwise train inconsistently, or
+//! fail deep inside a collective).
+inline std::string describe(const options& o) {
+  std::string s;
+  auto put = [&](const char* k, const auto& v) {
+    s += k;
+    s += '=';
+    if constexpr (std::is_convertible_v<decltype(v), std::string>) s += v;
+    else if constexpr (std::is_floating_point_v<std::remove_cvref_t<decltype(v)>>) {
+      char b[32];  // the shortest text that reads back the same double
+      s.append(b, std::to_chars(b, b + sizeof b, v).ptr);
+    } else {
+      s += std::to_string(v);
+    }
+    s += '\n';
+  };
+  put("backend", o.backend), put("comm", o.comm), put("fusion", o.fusion), put("wrapper", o.wrapper);
+  put("strategy", o.strategy), put("precision", o.precision), put("layers", o.layers), put("d", o.d);
+  put("ctx", o.ctx), put("tokens", o.tokens), put("steps", o.steps), put("accum", o.accum);
+  put("log-every", o.log_every), put("warmup", o.warmup), put("lr", o.lr), put("clip", o.clip);
+  put("weight-decay", o.weight_decay), put("seed", o.seed), put("data", o.data), put("save", o.save);
+  put("load", o.load), put("dump-weights", o.dump_weights), put("save-every", o.save_every), put("keep", o.keep);
+  put("gemm-sms", o.gemm_sms), put("nccl-ctas", o.nccl_ctas), put("json", o.json);
+  put("recompute-gelu", o.recompute_gelu), put("lend-grad-shards", o.lend_grad_shards);
+  put("copy-engine-gathers", o.copy_engine_gathers), put("timeout", o.timeout), put("order-check", o.order_check);
+  return s;
 }
 
 }  // namespace mlp_lm

@@ -4,6 +4,9 @@
 // communicates over; `world` (MPI on the host) carries the logged loss.
 #include <algorithm>
 #include <chrono>
+#include <csignal>
+#include <exception>
+#include <sstream>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -53,6 +56,59 @@ inline std::function<void(std::string_view)> crash_hook_from_env() {
       std::_Exit(86);
     }
   };
+}
+
+//! Every rank runs rank 0's command line: a differing option (given to one
+//! rank only, or an environment that expands differently) is one clear error
+//! on every rank, naming the first option that differs. Collective.
+inline void agree_on_options(tessera::comm::mpi& world, const options& o) {
+  const std::string mine = describe(o);
+  std::vector<std::uint8_t> text(8192, 0);
+  std::exception_ptr err;
+  try {
+    TESSERA_CHECK(mine.size() < text.size(), "the command line is too long to compare (", mine.size(), " bytes)");
+  } catch (...) {
+    err = std::current_exception();
+  }
+  tessera::comm::agree_or_throw(world, err, "the command-line check");
+  std::memcpy(text.data(), mine.data(), mine.size());
+  tessera::comm::broadcast_host(world, std::span<std::uint8_t>(text), 0);
+  const std::string root(reinterpret_cast<const char*>(text.data()));
+  try {
+    if (root != mine) {
+      std::istringstream a(mine), b(root);
+      for (std::string x, y; std::getline(a, x) && std::getline(b, y);)
+        if (x != y)
+          tessera::detail::fail("rank " + std::to_string(world.rank()) + " was started with --" + x + ", rank 0 with --" + y +
+                                "; every rank must get the same options");
+    }
+  } catch (...) {
+    err = std::current_exception();
+  }
+  tessera::comm::agree_or_throw(world, err, "the command-line check");
+  const long per_mb = o.tokens / o.accum;
+  TESSERA_CHECK(per_mb >= world.size(), "--tokens ", o.tokens, " / --accum ", o.accum, " gives ", per_mb,
+                " tokens per micro-batch over ", world.size(), " ranks; each rank needs at least one");
+}
+
+//! The fault-injection hook of the never-hang tests (tests/fault):
+//! TESSERA_TEST_FAULT=<kind>:<rank>:<step> makes that rank, at the start of
+//! that step, stop (SIGSTOP), die (SIGKILL), throw a tessera::error, or spin
+//! outside the library (busy) forever.
+inline void fault_hook(int rank, long step) {
+  static const char* spec = std::getenv("TESSERA_TEST_FAULT");
+  if (!spec) return;
+  char kind[16] = {};
+  int r = -1;
+  long s = -1;
+  if (std::sscanf(spec, "%15[a-z]:%d:%ld", kind, &r, &s) != 3 || r != rank || s != step) return;
+  const std::string k = kind;
+  std::fprintf(stderr, "tessera-mlp-lm: TESSERA_TEST_FAULT=%s: rank %d at step %ld\n", spec, rank, step);
+  std::fflush(stderr);
+  if (k == "stop") std::raise(SIGSTOP);
+  else if (k == "kill") std::raise(SIGKILL);
+  else if (k == "error") tessera::detail::fail("TESSERA_TEST_FAULT: an error on rank " + std::to_string(rank) + " only");
+  else if (k == "busy") for (volatile bool forever = true; forever;) {}
 }
 
 //! The final weights, gathered, as one safetensors file written by rank 0 (collective).
@@ -170,6 +226,7 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, const devi
   if (first_step < o.steps) sample(cur, first_step, 0);
   long last_saved = -1;
   for (long step = first_step; step < o.steps; ++step) {
+    fault_hook(r, step);
     const auto t0 = std::chrono::steady_clock::now();
     for (int mb = 0; mb < o.accum; ++mb) {
       model.begin_micro_batch(mb, o.accum);

@@ -6,6 +6,13 @@
 //! failed call becomes a tessera::error instead of MPI's default abort. MPI has
 //! no bf16 / fp16 types: they travel as 16-bit words and are reduced by user
 //! ops that add in float and round once per step of the reduction.
+//!
+//! Every collective is recorded (comm/trace.hpp) and held to a deadline by the
+//! watchdog (mpi_options::timeout_s, default 600 s or TESSERA_TIMEOUT_S): a
+//! rank still inside a collective when it passes prints the collective, writes
+//! its trace file and ends the job with MPI_Abort. With
+//! mpi_options::order_check (the default) every collective first checks that
+//! all ranks issue the same one (comm/order_check.hpp).
 // The deprecated C++ bindings add nothing here and warn under -Wextra.
 #ifndef OMPI_SKIP_MPICXX
 #define OMPI_SKIP_MPICXX 1
@@ -15,11 +22,24 @@
 #endif
 #include <mpi.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <climits>
+#include <cstring>
+#include <vector>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
 #include <string>
+#include <string_view>
+#include <utility>
 
 #include "tessera/comm/communicator.hpp"
+#include "tessera/comm/order_check.hpp"
+#include "tessera/comm/trace.hpp"
+#include "tessera/comm/watchdog.hpp"
 
 namespace tessera::detail {
 [[noreturn]] inline void throw_mpi_error(int rc, const char* call, ::tessera::source_location where) {
@@ -35,7 +55,15 @@ namespace tessera::detail {
 namespace tessera::comm {
 
 //! Initialises MPI (thread level MPI_THREAD_FUNNELED) unless already done, and
-//! finalises it on destruction if it initialised it.
+//! finalises it on destruction if it initialised it. Where it initialises
+//! MPI it also sets MPI_ERRORS_RETURN on MPI_COMM_WORLD: Open MPI reports a
+//! failed non-blocking collective through MPI_COMM_WORLD's handler in
+//! MPI_Wait, which would otherwise end the job instead of letting comm::mpi
+//! throw a tessera::error.
+//!
+//! Construct it outside the try block that catches errors (or use
+//! comm::mpi_main): MPI_Finalize during unwinding leaves the other ranks
+//! waiting in a collective forever.
 class mpi_session {
 public:
   mpi_session(int* argc, char*** argv) {
@@ -44,6 +72,7 @@ public:
     if (!inited) {
       int provided = 0;
       TESSERA_MPI(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+      MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
       owner_ = true;
     }
   }
@@ -86,6 +115,25 @@ template <class T> MPI_Op half_op(reduce_op op) {
 }
 }  // namespace detail
 
+//! Asks the other ranks on this host for their trace files and gives them a
+//! moment (TESSERA_ABORT_GRACE_S, default 1 s) before the job ends.
+inline void end_job_after_peers_dump() noexcept {
+  if (trace::global().ask_peers_to_dump() == 0) return;
+  double grace = 1;
+  if (const char* e = std::getenv("TESSERA_ABORT_GRACE_S")) grace = std::atof(e);
+  if (grace > 0) ::usleep(useconds_t(std::min(grace, 60.0) * 1e6));
+}
+
+struct mpi_options {
+  //! Seconds a rank may wait in one collective before the watchdog ends the
+  //! job (message, trace file, MPI_Abort); 0 = no deadline; < 0 = the default:
+  //! TESSERA_TIMEOUT_S, else 600.
+  double timeout_s = -1;
+  //! Check before every collective that all ranks issue the same one (one
+  //! 16-byte all-reduce more per collective).
+  bool order_check = true;
+};
+
 //! Host-memory communicator over an MPI communicator it duplicates and owns.
 //! Requests it returns refer to it: keep it in place (do not move it) while
 //! any of them is pending.
@@ -94,17 +142,22 @@ public:
   using backend_type = backend::host;
 
   //! Duplicates parent (MPI_COMM_WORLD by default). Collective over parent.
-  explicit mpi(MPI_Comm parent = MPI_COMM_WORLD) {
+  explicit mpi(MPI_Comm parent = MPI_COMM_WORLD, mpi_options o = {}) : opt_(o) {
     TESSERA_MPI(MPI_Comm_dup(parent, &comm_));
-    init();
+    init(parent == MPI_COMM_WORLD);
   }
-  mpi(mpi&& o) noexcept : comm_(std::exchange(o.comm_, MPI_COMM_NULL)), rank_(o.rank_), size_(o.size_) {}
+  explicit mpi(mpi_options o) : mpi(MPI_COMM_WORLD, o) {}
+  mpi(mpi&& o) noexcept
+      : opt_(o.opt_), comm_(std::exchange(o.comm_, MPI_COMM_NULL)), rank_(o.rank_), size_(o.size_),
+        channel_(std::exchange(o.channel_, -1)) {}
   mpi& operator=(mpi&& o) noexcept {
     if (this != &o) {
       free();
+      opt_ = o.opt_;
       comm_ = std::exchange(o.comm_, MPI_COMM_NULL);
       rank_ = o.rank_;
       size_ = o.size_;
+      channel_ = std::exchange(o.channel_, -1);
     }
     return *this;
   }
@@ -115,68 +168,155 @@ public:
   [[nodiscard]] int rank() const noexcept { return rank_; }
   [[nodiscard]] int size() const noexcept { return size_; }
   [[nodiscard]] MPI_Comm native() const noexcept { return comm_; }
+  [[nodiscard]] const mpi_options& options() const noexcept { return opt_; }
+  //! This communicator's number in the flight recorder (comm/trace.hpp).
+  [[nodiscard]] int channel() const noexcept { return channel_; }
 
   //! Ranks with the same color form a new communicator, ordered by key. Collective.
   [[nodiscard]] mpi split(int color, int key) const {
     MPI_Comm c = MPI_COMM_NULL;
     TESSERA_MPI(MPI_Comm_split(comm_, color, key, &c));
-    return mpi(c, adopt_tag{});
+    return mpi(c, opt_, adopt_tag{});
   }
 
   void all_gather(const void* s, void* r, std::size_t n, dtype t) {
     const int cnt = count(n, "all_gather");
     const void* src = in_place_gather(s, r, n, t) ? MPI_IN_PLACE : s;
-    check(MPI_Allgather(src, cnt, type(t), r, cnt, type(t), comm_), "MPI_Allgather", n, t);
+    const auto tk = begin("all_gather", n, t, true);
+    done(tk, MPI_Allgather(src, cnt, type(t), r, cnt, type(t), comm_), "MPI_Allgather", n, t);
   }
   void reduce_scatter(const void* s, void* r, std::size_t n, dtype t, reduce_op op) {
-    check(MPI_Reduce_scatter_block(s, r, count(n, "reduce_scatter"), type(t), mpi_op(t, op), comm_),
-          "MPI_Reduce_scatter_block", n, t);
+    const int cnt = count(n, "reduce_scatter");
+    const auto tk = begin("reduce_scatter", n, t, true);
+    done(tk, MPI_Reduce_scatter_block(s, r, cnt, type(t), mpi_op(t, op), comm_), "MPI_Reduce_scatter_block", n, t);
     if (op == reduce_op::avg) scale(r, n, t);
   }
   void all_reduce(const void* s, void* r, std::size_t n, dtype t, reduce_op op) {
-    check(MPI_Allreduce(s == r ? MPI_IN_PLACE : s, r, count(n, "all_reduce"), type(t), mpi_op(t, op), comm_),
-          "MPI_Allreduce", n, t);
+    const int cnt = count(n, "all_reduce");
+    const auto tk = begin("all_reduce", n, t, true);
+    done(tk, MPI_Allreduce(s == r ? MPI_IN_PLACE : s, r, cnt, type(t), mpi_op(t, op), comm_), "MPI_Allreduce", n, t);
     if (op == reduce_op::avg) scale(r, n, t);
   }
   void broadcast(void* b, std::size_t n, dtype t, int root) {
-    check(MPI_Bcast(b, count(n, "broadcast"), type(t), root, comm_), "MPI_Bcast", n, t);
+    const int cnt = count(n, "broadcast");
+    const auto tk = begin("broadcast", n, t, true);
+    done(tk, MPI_Bcast(b, cnt, type(t), root, comm_), "MPI_Bcast", n, t);
   }
-  void barrier() { check(MPI_Barrier(comm_), "MPI_Barrier", 0, dtype::u8); }
+  void barrier() {
+    const auto tk = begin("barrier", 0, dtype::u8, true);
+    done(tk, MPI_Barrier(comm_), "MPI_Barrier", 0, dtype::u8);
+  }
 
   request iall_gather(const void* s, void* r, std::size_t n, dtype t) {
     const int cnt = count(n, "iall_gather");
     MPI_Request q;
     const void* src = in_place_gather(s, r, n, t) ? MPI_IN_PLACE : s;
-    check(MPI_Iallgather(src, cnt, type(t), r, cnt, type(t), comm_, &q), "MPI_Iallgather", n, t);
-    return finish(q, "MPI_Iallgather", nullptr, 0, t);
+    const auto tk = begin("all_gather", n, t, false);
+    started(tk, MPI_Iallgather(src, cnt, type(t), r, cnt, type(t), comm_, &q), "MPI_Iallgather", n, t);
+    return finish(q, tk, "MPI_Iallgather", nullptr, 0, t);
   }
   request ireduce_scatter(const void* s, void* r, std::size_t n, dtype t, reduce_op op) {
+    const int cnt = count(n, "ireduce_scatter");
     MPI_Request q;
-    check(MPI_Ireduce_scatter_block(s, r, count(n, "ireduce_scatter"), type(t), mpi_op(t, op), comm_, &q),
-          "MPI_Ireduce_scatter_block", n, t);
-    return finish(q, "MPI_Ireduce_scatter_block", op == reduce_op::avg ? r : nullptr, n, t);
+    const auto tk = begin("reduce_scatter", n, t, false);
+    started(tk, MPI_Ireduce_scatter_block(s, r, cnt, type(t), mpi_op(t, op), comm_, &q), "MPI_Ireduce_scatter_block", n, t);
+    return finish(q, tk, "MPI_Ireduce_scatter_block", op == reduce_op::avg ? r : nullptr, n, t);
   }
   request iall_reduce(const void* s, void* r, std::size_t n, dtype t, reduce_op op) {
+    const int cnt = count(n, "iall_reduce");
     MPI_Request q;
-    check(MPI_Iallreduce(s == r ? MPI_IN_PLACE : s, r, count(n, "iall_reduce"), type(t), mpi_op(t, op), comm_, &q),
-          "MPI_Iallreduce", n, t);
-    return finish(q, "MPI_Iallreduce", op == reduce_op::avg ? r : nullptr, n, t);
+    const auto tk = begin("all_reduce", n, t, false);
+    started(tk, MPI_Iallreduce(s == r ? MPI_IN_PLACE : s, r, cnt, type(t), mpi_op(t, op), comm_, &q), "MPI_Iallreduce", n, t);
+    return finish(q, tk, "MPI_Iallreduce", op == reduce_op::avg ? r : nullptr, n, t);
   }
 
 private:
   struct adopt_tag {};
-  mpi(MPI_Comm c, adopt_tag) : comm_(c) { init(); }
+  mpi(MPI_Comm c, mpi_options o, adopt_tag) : opt_(o), comm_(c) { init(false); }
 
-  void init() {
+  void init(bool world) {
     TESSERA_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     TESSERA_MPI(MPI_Comm_rank(comm_, &rank_));
     TESSERA_MPI(MPI_Comm_size(comm_, &size_));
+    opt_.timeout_s = default_timeout_s(opt_.timeout_s);
+    auto& rec = trace::global();
+    if (world) {
+      rec.set_process_rank(rank_, size_);
+      learn_peers(rec);
+    }
+    // A rank blocked inside MPI cannot be woken: past the deadline the
+    // watchdog (which already printed and wrote the trace) asks the other
+    // ranks on this host to write theirs, then ends the job.
+    channel_ = rec.open({"mpi", rank_, size_, opt_.timeout_s,
+                         [](const std::string&) {
+                           end_job_after_peers_dump();
+                           MPI_Abort(MPI_COMM_WORLD, 1);
+                         },
+                         nullptr});
+    (void)watchdog::start();
+  }
+  // Every rank's process id and host, so that a fault can ask the ranks on
+  // this host for their trace files (one all-gather, at construction).
+  void learn_peers(trace::recorder& rec) {
+    struct who {
+      std::int64_t pid;
+      char host[56];
+    } me{std::int64_t(::getpid()), {}};
+    ::gethostname(me.host, sizeof me.host - 1);
+    std::vector<who> all(static_cast<std::size_t>(size_));
+    TESSERA_MPI(MPI_Allgather(&me, int(sizeof me), MPI_BYTE, all.data(), int(sizeof me), MPI_BYTE, comm_));
+    std::vector<int> pids;
+    for (int r = 0; r < size_; ++r)
+      if (r != rank_ && std::strncmp(all[std::size_t(r)].host, me.host, sizeof me.host) == 0)
+        pids.push_back(int(all[std::size_t(r)].pid));
+    rec.set_peers(std::move(pids));
   }
   void free() noexcept {
+    if (channel_ >= 0) trace::global().close(channel_);
+    channel_ = -1;
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
     comm_ = MPI_COMM_NULL;
+  }
+
+  // Records the collective (its deadline starts now where the call blocks)
+  // and, with the order check, agrees with the other ranks that they issue
+  // the same one. Throws the mismatch on every rank.
+  trace::recorder::ticket begin(const char* op, std::size_t n, dtype t, bool blocking) {
+    auto& rec = trace::global();
+    const bool check_order = opt_.order_check && size_ > 1;
+    const auto tk = rec.issue(channel_, op, n, t, blocking || check_order);
+    if (check_order) try {
+      const auto mine = detail::describe_call(tk.seq, op, n, t);
+      const std::string bad = detail::order_mismatch(
+          mine, size_, channel_,
+          [&](std::int64_t* v) {
+            check(MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_INT64_T, MPI_MAX, comm_), "MPI_Allreduce (order check)", 2,
+                  dtype::i64);
+          },
+          [&](const detail::call_desc& d, detail::call_desc* all) {
+            check(MPI_Allgather(&d, int(sizeof d), MPI_BYTE, all, int(sizeof d), MPI_BYTE, comm_),
+                  "MPI_Allgather (order check)", sizeof d, dtype::u8);
+          });
+      if (!bad.empty()) {
+        ::tessera::detail::fail(bad + " (rank " + std::to_string(rank_) + " of " + std::to_string(size_) + ")");
+      }
+      if (!blocking) rec.idle(tk);  // the deadline of a request starts when it is waited for
+    } catch (...) {
+      rec.complete(tk, false);
+      throw;
+    }
+    return tk;
+  }
+  // Ends a blocking collective: recorded as completed or failed, thrown if failed.
+  void done(const trace::recorder::ticket& tk, int rc, const char* what, std::size_t n, dtype t) {
+    trace::global().complete(tk, rc == MPI_SUCCESS);
+    check(rc, what, n, t);
+  }
+  // A non-blocking collective that failed to start is recorded as failed.
+  void started(const trace::recorder::ticket& tk, int rc, const char* what, std::size_t n, dtype t) {
+    if (rc != MPI_SUCCESS) done(tk, rc, what, n, t);
   }
 
   // Names the operation, rank, world size and payload, so a failure on one of
@@ -236,15 +376,65 @@ private:
       default: TESSERA_CHECK(false, "average of an integer dtype ", name_of(t));
     }
   }
-  request finish(MPI_Request q, const char* what, void* avg_out, std::size_t n, dtype t) {
-    return request([this, q, what, avg_out, n, t]() mutable {
-      check(MPI_Wait(&q, MPI_STATUS_IGNORE), what, n, t);
+  request finish(MPI_Request q, trace::recorder::ticket tk, const char* what, void* avg_out, std::size_t n, dtype t) {
+    return request([this, q, tk, what, avg_out, n, t]() mutable {
+      trace::global().waiting(tk);
+      done(tk, MPI_Wait(&q, MPI_STATUS_IGNORE), what, n, t);
       if (avg_out) scale(avg_out, n, t);
     });
   }
 
+  mpi_options opt_;
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
+  int channel_ = -1;
 };
+
+//! Prints `what` with this process's rank, writes the trace file, and ends
+//! every rank of the job (MPI_Abort). For a program's last resort: an error
+//! on one rank must not leave the others waiting in a collective.
+[[noreturn]] inline void abort_job(std::string_view what, int code = 1) noexcept {
+  int inited = 0, finalized = 0, rank = 0, size = 1;
+  MPI_Initialized(&inited);
+  MPI_Finalized(&finalized);
+  if (inited && !finalized) {
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+  }
+  const std::string msg(what);
+  const auto path = trace::global().dump("error", msg);
+  std::fprintf(stderr, "%s%s [rank %d of %d]%s%s\n", msg.starts_with("tessera:") ? "" : "tessera: ", msg.c_str(), rank,
+               size, path.empty() ? "" : "; trace written to ", path.c_str());
+  std::fflush(stderr);
+  std::fflush(stdout);
+  end_job_after_peers_dump();
+  if (inited && !finalized) MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);
+}
+
+//! The main of an MPI program that uses Tessera: initialises MPI
+//! (mpi_session), runs body() and returns its exit code. An exception on any
+//! rank prints its message with the rank, writes the trace file and ends
+//! every rank of the job within seconds (abort_job), instead of finalising
+//! MPI during unwinding while the other ranks wait in a collective.
+//!   int main(int argc, char** argv) {
+//!     return tessera::comm::mpi_main(argc, argv, [&] { ...; return 0; });
+//!   }
+template <class F>
+int mpi_main(int& argc, char**& argv, F&& body) noexcept {
+  std::optional<mpi_session> session;
+  try {
+    session.emplace(&argc, &argv);
+  } catch (const std::exception& e) {
+    abort_job(e.what());
+  }
+  try {
+    return std::forward<F>(body)();
+  } catch (const std::exception& e) {
+    abort_job(e.what());
+  } catch (...) {
+    abort_job("an exception that is not a std::exception");
+  }
+}
 
 }  // namespace tessera::comm

@@ -16,7 +16,8 @@ class mpi_device {
 public:
   using backend_type = backend::cuda;
 
-  explicit mpi_device(MPI_Comm parent = MPI_COMM_WORLD) : host_(parent) {}
+  explicit mpi_device(MPI_Comm parent = MPI_COMM_WORLD, mpi_options o = {}) : host_(parent, o) {}
+  explicit mpi_device(mpi_options o) : host_(o) {}
   explicit mpi_device(mpi&& host) : host_(std::move(host)) {}
 
   [[nodiscard]] int rank() const noexcept { return host_.rank(); }

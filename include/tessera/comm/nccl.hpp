@@ -8,12 +8,20 @@
 //! No host synchronisation anywhere: "blocking" forms are ordered on the
 //! device the same way and return at once.
 //!
-//! With nccl_options::timeout_s > 0 the communicator is non-blocking
-//! (NCCL's config.blocking = 0): every call, and every wait(), polls
-//! ncclCommGetAsyncError and the completion event against the deadline; a
-//! collective that does not finish in time, or an asynchronous NCCL error,
-//! aborts the communicator (ncclCommAbort) and throws a tessera::error naming
-//! the operation, rank and size. Such waits are host waits.
+//! Every collective is recorded (comm/trace.hpp) and, with a deadline
+//! (nccl_options::timeout_s, default 600 s or TESSERA_TIMEOUT_S), held to it
+//! by the watchdog thread (comm/watchdog.hpp), which polls the completion
+//! events and ncclCommGetAsyncError: the calling thread never waits on the
+//! host for a collective. On a deadline or an asynchronous NCCL error the
+//! watchdog aborts the communicator (ncclCommAbort, which also ends the
+//! kernels waiting for the lost peer), and the next call on it throws a
+//! tessera::error naming the collective, its label, size, sequence number and
+//! rank.
+//!
+//! nccl_options::order_check (communicators bootstrapped over MPI) checks
+//! before every collective, over a duplicate of the MPI bootstrap, that all
+//! ranks issue the same one (comm/order_check.hpp): a host all-reduce per
+//! collective, off by default here.
 #include <mpi.h>
 #include <nccl.h>
 
@@ -23,6 +31,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -35,6 +44,9 @@
 #include "tessera/backend/memory.hpp"
 #include "tessera/comm/communicator.hpp"
 #include "tessera/comm/mpi.hpp"
+#include "tessera/comm/order_check.hpp"
+#include "tessera/comm/trace.hpp"
+#include "tessera/comm/watchdog.hpp"
 
 namespace tessera::detail {
 [[noreturn]] inline void throw_nccl_error(ncclComm_t comm, ncclResult_t rc, const char* call,
@@ -51,8 +63,11 @@ namespace tessera::detail {
 namespace tessera::comm {
 
 struct nccl_options {
-  //! Seconds a collective may take before the communicator is aborted; 0 = no timeout (blocking NCCL).
-  double timeout_s = 0;
+  //! Seconds a collective may take (from its issue) before the watchdog aborts
+  //! the communicator; 0 = no deadline; < 0 = TESSERA_TIMEOUT_S, else 600.
+  double timeout_s = -1;
+  //! Check that all ranks issue the same collective first (needs the MPI bootstrap).
+  bool order_check = false;
   //! How long non-zero ranks wait for a rendezvous file to appear.
   double rendezvous_timeout_s = 120;
   //! Most CTAs (SMs) a collective may occupy (NCCL's config.maxCTAs); 0 = NCCL's
@@ -81,12 +96,15 @@ public:
     ncclUniqueId id{};
     if (bootstrap.rank() == 0) TESSERA_NCCL(nullptr, ncclGetUniqueId(&id));
     bootstrap.broadcast(&id, sizeof id, dtype::u8, 0);
+    if (opt_.order_check && bootstrap.size() > 1)
+      checker_ = std::make_shared<mpi>(bootstrap.split(0, bootstrap.rank()));
     init(bootstrap.rank(), bootstrap.size(), id);
   }
   //! Without MPI: rank 0 writes the unique id to `path` (atomically: a
   //! temporary file renamed into place), the others wait for it to appear.
   nccl(int rank, int size, const std::string& path, nccl_options o = {}) : opt_(o) {
     TESSERA_CHECK(size >= 1 && rank >= 0 && rank < size, "nccl: rank ", rank, " of ", size);
+    TESSERA_CHECK(!o.order_check || size == 1, "nccl_options::order_check needs an MPI bootstrap (nccl(mpi&, options))");
     ncclUniqueId id{};
     if (rank == 0) {
       TESSERA_NCCL(nullptr, ncclGetUniqueId(&id));
@@ -114,9 +132,10 @@ public:
     init(rank, size, id);
   }
   nccl(nccl&& o) noexcept
-      : opt_(o.opt_), comm_(std::exchange(o.comm_, nullptr)), stream_(std::move(o.stream_)),
+      : opt_(o.opt_), comm_(std::exchange(o.comm_, nullptr)), state_(std::move(o.state_)), stream_(std::move(o.stream_)),
         ready_(std::move(o.ready_)), done_pool_(std::move(o.done_pool_)), rank_(o.rank_), size_(o.size_),
-        aborted_(o.aborted_), barrier_(std::exchange(o.barrier_, nullptr)), windows_(std::move(o.windows_)) {}
+        channel_(std::exchange(o.channel_, -1)), checker_(std::move(o.checker_)),
+        barrier_(std::exchange(o.barrier_, nullptr)), windows_(std::move(o.windows_)) {}
   nccl& operator=(nccl&&) = delete;
   nccl(const nccl&) = delete;
   nccl& operator=(const nccl&) = delete;
@@ -126,23 +145,30 @@ public:
       ncclMemFree(p);
       memory_of<backend::cuda>().sub(w.second);
     }
+    if (channel_ >= 0) trace::global().close(channel_);  // the watchdog lets go first
     if (!comm_) return;
-    if (aborted_) return;
-    if (opt_.timeout_s > 0) ncclCommAbort(comm_);  // a non-blocking destroy could wait forever
-    else ncclCommDestroy(comm_);
+    std::lock_guard lock(state_->mu);
+    if (state_->aborted.load()) return;
+    state_->aborted = true;
+    ncclCommDestroy(comm_);
   }
 
   [[nodiscard]] int rank() const noexcept { return rank_; }
   [[nodiscard]] int size() const noexcept { return size_; }
   [[nodiscard]] ncclComm_t native() const noexcept { return comm_; }
   [[nodiscard]] cudaStream_t stream() const noexcept { return stream_.get(); }
+  [[nodiscard]] const nccl_options& options() const noexcept { return opt_; }
+  //! This communicator's number in the flight recorder (comm/trace.hpp).
+  [[nodiscard]] int channel() const noexcept { return channel_; }
 
   //! Ranks with the same color form a new communicator, ordered by key. Collective.
   [[nodiscard]] nccl split(int color, int key) {
     ncclConfig_t cfg = config();
     ncclComm_t c = nullptr;
     issue("split", 0, dtype::u8, [&] { return ncclCommSplit(comm_, color, key, &c, &cfg); });
-    return nccl(c, opt_);
+    nccl out(c, opt_);
+    if (checker_) out.checker_ = std::make_shared<mpi>(checker_->split(color, key));
+    return out;
   }
 
   //! With copy_engine_gathers: `bytes` of device memory (ncclMemAlloc)
@@ -183,7 +209,7 @@ public:
     if (it == windows_.end()) return;
     cudaDeviceSynchronize();  // no collective or kernel still uses it
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
-    if (!aborted_) ncclCommWindowDeregister(comm_, it->second.first);
+    if (!state_->aborted.load()) ncclCommWindowDeregister(comm_, it->second.first);
 #endif
     ncclMemFree(p);
     memory_of<backend::cuda>().sub(it->second.second);
@@ -209,6 +235,7 @@ public:
         .wait();
     TESSERA_CUDA(cudaMemcpyAsync(&v, barrier_, 1, cudaMemcpyDeviceToHost, s));
     TESSERA_CUDA(cudaStreamSynchronize(s));
+    throw_if_aborted(what, 1, dtype::u8);  // the watchdog may have ended the wait
     return v != 0;
   }
 
@@ -228,10 +255,47 @@ private:
   nccl(ncclComm_t c, nccl_options o) : opt_(o), comm_(c) {
     TESSERA_NCCL(comm_, ncclCommUserRank(comm_, &rank_));
     TESSERA_NCCL(comm_, ncclCommCount(comm_, &size_));
+    watch();
+  }
+  // What the watchdog thread shares with this communicator; it outlives
+  // either, so a fault handled while the communicator moves or dies is safe.
+  struct shared_state {
+    std::mutex mu;  // held around every NCCL call on the communicator and its abort
+    std::atomic<bool> aborted{false};
+    std::string why;  // set before aborted
+    ncclComm_t comm = nullptr;
+  };
+  // Registers with the recorder and the watchdog.
+  void watch() {
+    opt_.timeout_s = default_timeout_s(opt_.timeout_s);
+    state_->comm = comm_;
+    auto st = state_;
+    channel_ = trace::global().open(
+        {"nccl", rank_, size_, opt_.timeout_s,
+         [st](const std::string& why) {
+           // Waits (a second at most) for a call in progress on the issuing
+           // thread, then aborts: the kernels waiting for a lost peer end.
+           std::unique_lock lock(st->mu, std::defer_lock);
+           for (int i = 0; i < 100 && !lock.try_lock(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+           if (st->aborted.load()) return;
+           st->why = why;
+           st->aborted = true;
+           ncclCommAbort(st->comm);
+         },
+         [st]() -> std::string {
+           std::unique_lock lock(st->mu, std::try_to_lock);
+           if (!lock || st->aborted.load()) return {};
+           ncclResult_t a = ncclSuccess;
+           if (ncclCommGetAsyncError(st->comm, &a) != ncclSuccess || a == ncclSuccess || a == ncclInProgress) return {};
+           const char* last = ncclGetLastError(st->comm);
+           return std::string("asynchronous NCCL error: ") + ncclGetErrorString(a) +
+                  (last && *last ? std::string(" (") + last + ")" : std::string());
+         }});
+    (void)watchdog::start();
   }
   ncclConfig_t config() const {
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-    cfg.blocking = opt_.timeout_s > 0 ? 0 : 1;
+    cfg.blocking = 1;
     if (opt_.max_ctas > 0) {
       cfg.maxCTAs = opt_.max_ctas;
       cfg.minCTAs = std::min(cfg.minCTAs > 0 ? cfg.minCTAs : 1, opt_.max_ctas);
@@ -247,6 +311,7 @@ private:
     size_ = size;
     ncclUniqueId copy = id;
     issue("init", 0, dtype::u8, [&] { return ncclCommInitRankConfig(&comm_, size, copy, rank, &cfg); });
+    watch();
   }
   static ncclDataType_t type(dtype t) {
     switch (t) {
@@ -270,67 +335,74 @@ private:
     return ncclSum;
   }
   [[noreturn]] void fail_op(const char* what, std::size_t n, dtype t, const std::string& why) {
-    if (comm_ && !aborted_) {
-      ncclCommAbort(comm_);
-      aborted_ = true;
+    {
+      std::lock_guard lock(state_->mu);
+      if (comm_ && !state_->aborted.load()) {
+        state_->aborted = true;
+        ncclCommAbort(comm_);
+      }
     }
-    tessera::detail::fail(tessera::detail::concat("NCCL ", what, " (", n, " x ", name_of(t), ") on rank ", rank_, " of ", size_, " ",
-                                why, "; the communicator was aborted and cannot be used again"));
+    tessera::detail::fail(tessera::detail::concat("NCCL ", what, " (", n, " x ", name_of(t), ") on rank ", rank_, " of ",
+                                                  size_, " ", why, "; the communicator was aborted and cannot be used again"));
   }
-  // Issues an NCCL call; in non-blocking mode waits (bounded) until NCCL accepted it.
+  // After the watchdog aborted the communicator, every call says why.
+  void throw_if_aborted(const char* what, std::size_t n, dtype t) {
+    if (!state_->aborted.load(std::memory_order_acquire)) [[likely]] return;
+    std::lock_guard lock(state_->mu);
+    tessera::detail::fail(tessera::detail::concat(
+        "NCCL ", what, " (", n, " x ", name_of(t), ") on rank ", rank_, " of ", size_, ": the communicator was aborted",
+        state_->why.empty() ? std::string(" and cannot be used again") : " by the watchdog (" + state_->why + ")"));
+  }
+  // Issues an NCCL call under the communicator's lock (the watchdog aborts under it).
   template <class F>
   void issue(const char* what, std::size_t n, dtype t, F&& call) {
-    TESSERA_CHECK(!aborted_, "NCCL ", what, " on an aborted communicator (rank ", rank_, " of ", size_, ")");
-    ncclResult_t rc = call();
-    if (opt_.timeout_s <= 0) {
-      if (rc != ncclSuccess) {
-        std::string why = std::string("failed: ") + ncclGetErrorString(rc);
-        if (comm_) {
-          const char* last = ncclGetLastError(comm_);
-          if (last && *last) why += std::string(" (") + last + ")";
-        }
-        fail_op(what, n, t, why);
-      }
-      return;
+    throw_if_aborted(what, n, t);
+    ncclResult_t rc;
+    {
+      std::lock_guard lock(state_->mu);
+      rc = call();
     }
-    const auto deadline = clock::now() + std::chrono::duration<double>(opt_.timeout_s);
-    while (rc == ncclInProgress || rc == ncclSuccess) {
-      ncclResult_t st = ncclSuccess;
-      if (comm_ && ncclCommGetAsyncError(comm_, &st) != ncclSuccess) break;
-      if (st == ncclSuccess) return;
-      if (st != ncclInProgress) {
-        rc = st;
-        break;
+    if (rc != ncclSuccess) {
+      std::string why = std::string("failed: ") + ncclGetErrorString(rc);
+      if (comm_) {
+        const char* last = ncclGetLastError(comm_);
+        if (last && *last) why += std::string(" (") + last + ")";
       }
-      if (clock::now() > deadline) fail_op(what, n, t, tessera::detail::concat("was not accepted within ", opt_.timeout_s, " s"));
-      std::this_thread::yield();
+      fail_op(what, n, t, why);
     }
-    fail_op(what, n, t, std::string("failed: ") + ncclGetErrorString(rc));
   }
-  // The collective on the communicator's stream, ordered after the compute stream's work so far.
+  // With the order check: every rank issues the same collective (over the MPI duplicate).
+  void check_order(std::uint64_t seq, const char* what, std::size_t n, dtype t) {
+    const auto mine = detail::describe_call(seq, what, n, t);
+    const std::string bad = detail::order_mismatch(
+        mine, size_, channel_,
+        [&](std::int64_t* v) { checker_->all_reduce(v, v, 2, dtype::i64, reduce_op::max); },
+        [&](const detail::call_desc& d, detail::call_desc* all) { checker_->all_gather(&d, all, sizeof d, dtype::u8); });
+    if (!bad.empty()) ::tessera::detail::fail(bad + " (rank " + std::to_string(rank_) + " of " + std::to_string(size_) + ")");
+  }
+  // The collective on the communicator's stream, ordered after the compute
+  // stream's work so far; recorded, and watched through its completion event.
   template <class F>
   request run(const char* what, std::size_t n, dtype t, F&& call) {
+    throw_if_aborted(what, n, t);
     const cudaStream_t compute = cuda::current_stream();
     // cudaStreamWaitEvent takes the event's state when called, so one event
     // serves every "inputs ready" edge; completion events are pooled.
     ready_.record(compute);
     ready_.wait_on(stream_.get());
-    issue(what, n, t, call);
     auto done = done_event();
-    done->record(stream_.get());
+    auto& rec = trace::global();
+    const auto tk = rec.issue(channel_, what, n, t, true, [done] { return cudaEventQuery(done->get()) != cudaErrorNotReady; });
+    try {
+      if (checker_) check_order(tk.seq, what, n, t);
+      issue(what, n, t, call);
+      done->record(stream_.get());
+    } catch (...) {
+      rec.complete(tk, false);
+      throw;
+    }
     return request([this, done, compute, what, n, t] {
-      if (opt_.timeout_s > 0) {
-        const auto deadline = clock::now() + std::chrono::duration<double>(opt_.timeout_s);
-        while (!done->done()) {
-          ncclResult_t st = ncclSuccess;
-          ncclCommGetAsyncError(comm_, &st);
-          if (st != ncclSuccess && st != ncclInProgress)
-            fail_op(what, n, t, std::string("failed: ") + ncclGetErrorString(st));
-          if (clock::now() > deadline)
-            fail_op(what, n, t, tessera::detail::concat("did not complete within ", opt_.timeout_s, " s"));
-          std::this_thread::yield();
-        }
-      }
+      throw_if_aborted(what, n, t);
       done->wait_on(compute);
     });
   }
@@ -346,11 +418,13 @@ private:
 
   nccl_options opt_;
   ncclComm_t comm_ = nullptr;
+  std::shared_ptr<shared_state> state_ = std::make_shared<shared_state>();
   cuda::stream stream_;
   cuda::event ready_;
   std::vector<std::shared_ptr<cuda::event>> done_pool_;
   int rank_ = 0, size_ = 1;
-  bool aborted_ = false;
+  int channel_ = -1;
+  std::shared_ptr<mpi> checker_;  // the order check's MPI duplicate, if asked for
   void* barrier_ = nullptr;
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
   using window_t = ncclWindow_t;

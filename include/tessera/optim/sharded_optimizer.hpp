@@ -116,7 +116,10 @@ public:
     // memory; one all-reduce of the two doubles, one copy to the host.
     ops::fill(acc_.span(), 0.0);
     for (std::size_t u = 0; u < units_.size(); ++u) ops::sum_squares_into(std::span<const G>(e_.norm_grads(u)), acc_.data());
-    e_.communicator().all_reduce(acc_.data(), acc_.data(), 2, dtype::f64, comm::reduce_op::sum);
+    {
+      comm::label lbl("grad_norm");
+      e_.communicator().all_reduce(acc_.data(), acc_.data(), 2, dtype::f64, comm::reduce_op::sum);
+    }
     double partial[2];
     ops::copy_to_host(std::span<double>(partial, 2), std::span<const double>(acc_.span()));
     step_result r;

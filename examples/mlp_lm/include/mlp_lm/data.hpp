@@ -3,6 +3,7 @@
 // function of (seed, step, micro-batch) alone, and each rank takes a
 // contiguous slice of it, so every world size trains on the same tokens.
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -47,6 +48,9 @@ public:
       const std::string t = generate_text(1 << 20, seed);
       bytes_.assign(t.begin(), t.end());
     } else {
+      // A directory or a FIFO would fail late with a raw stream message, or block.
+      std::error_code ec;
+      TESSERA_CHECK(std::filesystem::is_regular_file(path, ec), "--data '", path, "' is not a regular file");
       std::ifstream f(path, std::ios::binary);
       TESSERA_CHECK(f.good(), "cannot open --data file '", path, "'");
       bytes_.assign(std::istreambuf_iterator<char>(f), {});

@@ -14,6 +14,7 @@
 
 #include "tessera/backend/ops.hpp"
 #include "tessera/comm/communicator.hpp"
+#include "tessera/comm/trace.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/policy/config.hpp"
 #include "tessera/shard/layout.hpp"
@@ -63,7 +64,7 @@ public:
   //! Fixes the layout, checks that every rank registered the same model
   //! (collective), and allocates. Parameters start at zero.
   void finalize() {
-    reg_.finalize(comm_, opt_.alignment);
+    reg_.finalize(comm_, opt_.alignment, config_text());
     solo_ = rules::solo(comm_.size());
     plan_ = rules::plan(reg_.layouts(), comm_.size(), opt_);
     store_.allocate(reg_, comm_, solo_, opt_.lend_grad_shards);
@@ -110,6 +111,7 @@ public:
                   "): gradient shards live in lent memory (wrapper_options.lend_grad_shards), which holds one "
                   "micro-batch's reduction only; take one micro-batch per step or leave lend_grad_shards off");
     if (index > 0) sync_micro_batch();
+    touched_ = true;
     mb_index_ = index;
     mb_count_ = count;
     mb_open_ = true;
@@ -150,6 +152,7 @@ public:
     TESSERA_CHECK(!grads_ready_, "reduce_grads('", layout(u).name(), "') after finish_grad_sync");
     TESSERA_CHECK(!st.reduced, "reduce_grads('", layout(u).name(), "') called twice in one micro-batch");
     st.reduced = true;
+    touched_ = true;
     if (store_.has_full_grads()) (void)store_.full_grads(u);  // nobody wrote: zeros
     if (solo_) return;  // one rank, wire = grad type: the sum over ranks is the gradient itself
     if (!strategy::shards_grads && mb_index_ != mb_count_ - 1) return;  // accumulate locally, communicate once
@@ -166,6 +169,10 @@ public:
   void finish_grad_sync() {
     reg_.require_final("finish_grad_sync()");
     if (grads_ready_) return;
+    // PyTorch skips parameters without gradients; an optimizer step on stale
+    // (zeroed) gradients would still move weights (momentum, weight decay).
+    TESSERA_CHECK(touched_, "step() with no gradients since the last step() or zero_grad(): no micro-batch was "
+                            "begun and no gradient was written or reduced; run a backward pass first");
     TESSERA_CHECK(mb_index_ == mb_count_ - 1, "finish_grad_sync in micro-batch ", mb_index_, " of ", mb_count_,
                   "; it ends the last one");
     sync_micro_batch();
@@ -183,7 +190,7 @@ public:
       st.grad_slot = -1;
     }
     slots_.clear();
-    grads_ready_ = mb_open_ = false;
+    grads_ready_ = mb_open_ = touched_ = false;
     mb_index_ = 0;
     mb_count_ = 1;
   }
@@ -264,6 +271,13 @@ public:
   }
 
 private:
+  // What decides the collectives besides the model; ranks must agree on it.
+  std::string config_text() const {
+    return std::string(strategy::name) + " / " + std::string(Cfg::wrapper::name) + " / compute " +
+           std::string(name_of(dtype_of_v<C>)) + ", main " + std::string(name_of(dtype_of_v<M>)) + ", grads " +
+           std::string(name_of(dtype_of_v<G>)) + ", wire " + std::string(name_of(dtype_of_v<W>)) + " / " +
+           std::string(Cfg::averaging::name) + " / alignment " + std::to_string(opt_.alignment);
+  }
   // Where each unit is in the micro-batch protocol.
   struct unit_state {
     int holders = 0;     // live scopes
@@ -304,6 +318,7 @@ private:
     }
     const std::size_t n = L.shard_numel();
     const bool fresh = store_[u].shard_fresh;
+    comm::label lbl("reduce_grads", L.name().c_str());
     if constexpr (!strategy::shards_optimizer) {
       slots_.issue(s, comm_.iall_reduce(send, send, L.padded_numel(), dtype_of_v<W>, op), landing::all_reduced,
                    store_[u].grad_full.data(), L.padded_numel(), post_scale(), false);
@@ -364,6 +379,7 @@ private:
 
   void start_gather(std::size_t u, bool for_prefetch) {
     const auto held = [this](std::size_t v) { return units_[v].holders > 0; };
+    comm::label lbl(for_prefetch ? "prefetch" : "gather", layout(u).name().c_str());
     if (gathers_.start(u, store_[u].weights.data(), layout(u).shard_numel(), held)) return;
     if (for_prefetch) return;  // every buffer in use: skip the prefetch
     fail("gather('" + layout(u).name() + "'): all " + std::to_string(gathers_.size()) +
@@ -378,13 +394,18 @@ private:
   float post_scale() const {
     return std::is_same_v<typename Cfg::averaging, post_divide> ? 1.0f / float(world()) : 1.0f;
   }
-  void check_grad_access(std::size_t u) const {
+  void check_grad_access(std::size_t u) {
     reg_.require_final("grad()");
+    touched_ = true;
     const auto& L = layout(u);
     TESSERA_CHECK(!grads_ready_, "gradient of unit '", L.name(),
                   "' requested after finish_grad_sync; call step() or zero_grad() first");
     TESSERA_CHECK(!units_[u].reduced, "gradient of unit '", L.name(),
-                  "' requested after reduce_grads in the same micro-batch");
+                  "' requested after reduce_grads in the same micro-batch",
+                  mb_count_ == 1
+                      ? std::string()
+                      : std::string("; with several micro-batches, call begin_micro_batch(index, count) before each "
+                                    "one's backward (it was not called since the last micro-batch)"));
     if constexpr (strategy::shards_params)
       TESSERA_CHECK(units_[u].holders > 0, "gradient view of unit '", L.name(),
                     "' requested while the unit is released; take it inside gather(unit)");
@@ -415,6 +436,7 @@ private:
   gather_pool<C, backend_type> gathers_;
   memory_plan plan_;
   bool grads_ready_ = false, mb_open_ = false, solo_ = false;
+  bool touched_ = false;  // a micro-batch began or a gradient was written or reduced since zero_grad
   int mb_index_ = 0, mb_count_ = 1, last_gathered_ = -1;
 };
 

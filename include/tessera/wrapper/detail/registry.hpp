@@ -10,6 +10,8 @@
 
 #include "tessera/comm/communicator.hpp"
 #include "tessera/comm/staged.hpp"
+#include "tessera/comm/trace.hpp"
+#include "tessera/core/checksum.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/shard/layout.hpp"
 #include "tessera/wrapper/options.hpp"
@@ -38,10 +40,17 @@ public:
   //! Lays every unit out over `world` ranks and checks, with one all-reduce
   //! over c, that every rank registered the same units, names and shapes:
   //! where any differs every rank throws, none is left waiting. Collective.
+  //! `config` describes what decides the collectives besides the model
+  //! (strategy, wrapper, precision, averaging, alignment): it is checked
+  //! first, with its own message.
   template <class Comm>
-  void finalize(Comm& c, std::size_t alignment) {
+  void finalize(Comm& c, std::size_t alignment, const std::string& config = {}) {
     check_open("finalize()");
     TESSERA_CHECK(!specs_.empty(), "finalize() with no unit registered");
+    comm::label l("finalize");
+    TESSERA_CHECK(comm::all_same(c, checksum64::of(config.data(), config.size())), "ranks disagree on the configuration: rank ", c.rank(),
+                  " runs ", config, ", another rank something else; every rank must build the same config<...> and "
+                  "wrapper_options");
     for (auto& s : specs_) layouts_.emplace_back(s.name, s.tensors, c.size(), alignment);
     TESSERA_CHECK(comm::all_same(c, digest(layouts_)), "ranks disagree on the model: rank ", c.rank(),
                   " registered a different set of units, parameter names or shapes than another rank (",

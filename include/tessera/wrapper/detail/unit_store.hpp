@@ -12,6 +12,7 @@
 
 #include "tessera/backend/ops.hpp"
 #include "tessera/comm/communicator.hpp"
+#include "tessera/comm/trace.hpp"
 #include "tessera/comm/staged.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/wrapper/detail/comm_buffer.hpp"
@@ -151,6 +152,7 @@ public:
       return local;
     } else {
       std::vector<M> full(reg_->layout(u).padded_numel());
+      comm::label lbl("gather_main", reg_->layout(u).name().c_str());
       comm::all_gather_host(comm_, std::span<const M>(local), std::span<M>(full));
       return full;
     }
@@ -166,7 +168,10 @@ public:
       if constexpr (!rules::main_aliases_compute)
         if (!converted) ops::for_each(n, scale_convert<C, M>{st.main.data(), dst, 1.0});
       if constexpr (strategy::shards_optimizer && !strategy::shards_params)
-        if (!solo_) st.weights_ready = comm_.iall_gather(dst, st.weights.data(), n, dtype_of_v<C>);
+        if (!solo_) {
+          comm::label lbl("publish", reg_->layout(u).name().c_str());
+          st.weights_ready = comm_.iall_gather(dst, st.weights.data(), n, dtype_of_v<C>);
+        }
     }
   }
   void wait_weights() {

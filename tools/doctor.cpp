@@ -1,0 +1,264 @@
+// tessera-doctor DIR: reads the trace files a stopped job left
+// (tessera-trace-rank*.json, comm/trace.hpp) and says in one paragraph what
+// happened. Exit code by verdict:
+//   0 nothing in flight (no fault visible), 1 unreadable input,
+//   2 divergent program (ranks issued different collectives as #k),
+//   3 stopped or slow rank (some ranks never issued #k while others wait in it),
+//   4 network (every rank issued #k, none completed it),
+//   5 a rank ended with an error (and nothing above explains the rest).
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+struct call {
+  std::string op, label, dtype, state;
+  std::uint64_t count = 0;
+  std::int64_t issued_us = 0, waiting_us = 0, completed_us = 0;
+  [[nodiscard]] std::string show(std::uint64_t seq) const {
+    std::string s = op + " #" + std::to_string(seq) + " (" + std::to_string(count) + " x " + dtype;
+    if (!label.empty()) s += ", " + label;
+    return s + ")";
+  }
+  [[nodiscard]] bool same_call(const call& o) const {
+    return op == o.op && count == o.count && dtype == o.dtype && label == o.label;
+  }
+};
+
+struct rank_trace {
+  int rank = -1, world = 0;
+  std::string reason, message, host;
+  std::int64_t time_us = 0;
+  std::map<int, std::uint64_t> next_seq;                       // communicator -> collectives issued
+  std::map<int, std::string> kind;                             // communicator -> "mpi", "nccl"
+  std::map<int, std::map<std::uint64_t, call>> calls;          // communicator -> seq -> call
+};
+
+std::string ranks_text(const std::vector<int>& r) {
+  std::string s = r.size() == 1 ? "rank " : "ranks ";
+  for (std::size_t i = 0; i < r.size(); ++i) s += (i ? (i + 1 == r.size() ? " and " : ", ") : "") + std::to_string(r[i]);
+  return s;
+}
+
+std::optional<rank_trace> read_trace(const fs::path& p, std::string& why) {
+  std::ifstream f(p);
+  json j;
+  try {
+    j = json::parse(f);
+    rank_trace t;
+    if (j.value("format", "") != "tessera-trace") return why = "not a tessera trace", std::nullopt;
+    t.rank = j.at("rank").get<int>();
+    t.world = j.at("world").get<int>();
+    t.reason = j.value("reason", "");
+    t.message = j.value("message", "");
+    t.host = j.value("host", "");
+    t.time_us = j.value("time_us", std::int64_t(0));
+    for (const auto& c : j.at("comms")) {
+      t.next_seq[c.at("id").get<int>()] = c.at("next_seq").get<std::uint64_t>();
+      t.kind[c.at("id").get<int>()] = c.value("kind", "");
+    }
+    for (const auto& e : j.at("entries")) {
+      call c{e.at("op").get<std::string>(), e.value("label", ""), e.value("dtype", ""), e.value("state", ""),
+             e.value("count", std::uint64_t(0)), e.value("issued_us", std::int64_t(0)),
+             e.value("waiting_us", std::int64_t(0)), e.value("completed_us", std::int64_t(0))};
+      t.calls[e.at("comm").get<int>()][e.at("seq").get<std::uint64_t>()] = c;
+    }
+    return t;
+  } catch (const std::exception& e) {
+    why = e.what();
+    return std::nullopt;
+  }
+}
+
+struct verdict {
+  int code = 0;
+  std::string kind = "healthy", text;
+  int comm = -1;
+  long long seq = -1;
+  std::vector<int> culprits, waiting;
+};
+
+verdict diagnose(const std::map<int, rank_trace>& traces, int world) {
+  verdict v;
+  std::vector<int> missing;
+  for (int r = 0; r < world; ++r)
+    if (!traces.contains(r)) missing.push_back(r);
+  std::set<int> comms;
+  for (const auto& [r, t] : traces)
+    for (const auto& [c, n] : t.next_seq) comms.insert(c);
+
+  // 1. Divergence: the lowest sequence number ranks recorded differently.
+  for (int c : comms) {
+    std::set<std::uint64_t> seqs;
+    for (const auto& [r, t] : traces)
+      if (auto it = t.calls.find(c); it != t.calls.end())
+        for (const auto& [s, x] : it->second) seqs.insert(s);
+    for (std::uint64_t s : seqs) {
+      std::map<std::string, std::vector<int>> by;
+      for (const auto& [r, t] : traces)
+        if (auto it = t.calls.find(c); it != t.calls.end())
+          if (auto x = it->second.find(s); x != it->second.end()) by[x->second.show(s)].push_back(r);
+      if (by.size() < 2) continue;
+      v.code = 2;
+      v.kind = "divergent";
+      v.comm = c;
+      v.seq = (long long)s;
+      v.text = "Divergent program: on communicator " + std::to_string(c) + " the ranks issued different collectives as #" +
+               std::to_string(s) + ": ";
+      bool first = true;
+      for (const auto& [what, rs] : by) {
+        v.text += (first ? "" : "; ") + ranks_text(rs) + " issued " + what;
+        first = false;
+        if (v.culprits.empty() || rs.size() < v.waiting.size()) v.culprits = rs;
+        if (rs.size() > v.waiting.size()) v.waiting = rs;
+      }
+      v.text += ". Every rank must issue the same collectives in the same order; the first difference is where the "
+                "program took another path (a unit reduced out of order, a micro-batch or a get_param on some ranks only).";
+      return v;
+    }
+  }
+
+  // 2. A collective some ranks wait in: who never issued it?
+  for (int c : comms) {
+    long long k = -1;
+    for (const auto& [r, t] : traces)
+      if (auto it = t.calls.find(c); it != t.calls.end())
+        for (const auto& [s, x] : it->second)
+          if (x.state == "issued" && (k < 0 || (long long)s < k)) k = (long long)s;
+    if (k < 0) continue;
+    std::vector<int> absent = missing, waiting, done;
+    const call* what = nullptr;
+    std::int64_t since = 0;
+    for (const auto& [r, t] : traces) {
+      const auto n = t.next_seq.contains(c) ? t.next_seq.at(c) : 0;
+      if (n <= std::uint64_t(k)) {
+        absent.push_back(r);
+        continue;
+      }
+      const auto it = t.calls.find(c);
+      if (it == t.calls.end()) continue;
+      const auto x = it->second.find(std::uint64_t(k));
+      if (x == it->second.end()) continue;  // fell out of the ring
+      what = &x->second;
+      if (x->second.state == "issued") {
+        waiting.push_back(r);
+        const std::int64_t t0 = x->second.waiting_us ? x->second.waiting_us : x->second.issued_us;
+        since = since ? std::min(since, t0) : t0;
+      } else {
+        done.push_back(r);
+      }
+    }
+    std::sort(absent.begin(), absent.end());
+    v.comm = c;
+    v.seq = k;
+    v.waiting = waiting;
+    const std::string name = what ? what->show(std::uint64_t(k)) : "collective #" + std::to_string(k);
+    std::int64_t stop_us = 0;
+    for (const auto& [r, t] : traces) stop_us = std::max(stop_us, t.time_us);
+    char secs[64] = "";
+    if (since && stop_us > since) std::snprintf(secs, sizeof secs, " for %.1f s", double(stop_us - since) / 1e6);
+    if (!absent.empty()) {
+      v.code = 3;
+      v.kind = "stopped_rank";
+      v.culprits = absent;
+      v.text = "Stopped or slow rank: " + ranks_text(absent) + " never issued " + name + " on communicator " +
+               std::to_string(c) + ", while " + ranks_text(waiting) + " waited in it" + secs + ".";
+      std::vector<int> silent;
+      for (int r : absent)
+        if (!traces.contains(r)) silent.push_back(r);
+      if (!silent.empty())
+        v.text += " " + ranks_text(silent) + " wrote no trace: stopped (SIGSTOP), killed, or stuck outside the library "
+                  "where it could not answer; look at that rank first (its last log lines, dmesg, a debugger).";
+      else
+        v.text += " It was still working outside the library (a slow or stuck computation, I/O, a different "
+                  "code path) when the others gave up.";
+      return v;
+    }
+    v.code = 4;
+    v.kind = "network";
+    v.culprits = {};
+    v.text = "Network or transport: every rank issued " + name + " on communicator " + std::to_string(c) + " and " +
+             (done.empty() ? std::string("none") : ranks_text(done) + " only") + " completed it" + secs +
+             ". Suspect the interconnect (link down, NCCL transport, a GPU hung in a kernel), not the program.";
+    return v;
+  }
+
+  // 3. An error on some rank, with nothing in flight.
+  for (const auto& [r, t] : traces)
+    if (t.reason == "error" || t.reason == "terminate") {
+      v.code = 5;
+      v.kind = "error";
+      v.culprits = {r};
+      v.text = "Rank " + std::to_string(r) + " ended with an error: " + t.message;
+      return v;
+    }
+  v.text = "No collective in flight: every collective the ranks recorded completed";
+  if (!missing.empty()) v.text += " (" + ranks_text(missing) + " wrote no trace)";
+  v.text += ".";
+  return v;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"tessera-doctor: what a stopped Tessera job was doing, from its trace files"};
+  std::string dir;
+  bool as_json = false;
+  app.add_option("dir", dir, "directory holding tessera-trace-rank*.json (TESSERA_TRACE_DIR of the job)")->required();
+  app.add_flag("--json", as_json, "print the verdict as one JSON object");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  std::map<int, rank_trace> traces;
+  int world = 0;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    std::fprintf(stderr, "tessera: '%s' is not a directory\n", dir.c_str());
+    return 1;
+  }
+  for (const auto& f : fs::directory_iterator(dir, ec)) {
+    const std::string n = f.path().filename().string();
+    if (!n.starts_with("tessera-trace-rank") || !n.ends_with(".json")) continue;
+    std::string why;
+    auto t = read_trace(f.path(), why);
+    if (!t) {
+      std::fprintf(stderr, "tessera: skipping '%s': %s\n", f.path().c_str(), why.c_str());
+      continue;
+    }
+    world = std::max(world, t->world);
+    traces[t->rank] = std::move(*t);
+  }
+  if (traces.empty()) {
+    std::fprintf(stderr, "tessera: no readable tessera-trace-rank*.json in '%s'\n", dir.c_str());
+    return 1;
+  }
+  const verdict v = diagnose(traces, world);
+  std::vector<int> have;
+  for (const auto& [r, t] : traces) have.push_back(r);
+  if (as_json) {
+    json j{{"verdict", v.kind}, {"exit_code", v.code}, {"summary", v.text}, {"world", world}, {"traces", have},
+           {"culprits", v.culprits}, {"waiting", v.waiting}};
+    if (v.comm >= 0) j["communicator"] = v.comm;
+    if (v.seq >= 0) j["sequence"] = v.seq;
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("tessera-doctor: %zu trace file%s of %d rank%s. %s\n", traces.size(), traces.size() == 1 ? "" : "s",
+                world, world == 1 ? "" : "s", v.text.c_str());
+  }
+  return v.code;
+}
