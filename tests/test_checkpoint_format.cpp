@@ -6,10 +6,16 @@
 #include "common/util.hpp"
 
 #include <cstring>
+#include <functional>
+#include <filesystem>
 #include <string>
 #include <vector>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include "tessera/checkpoint/index.hpp"
+#include "tessera/checkpoint/io.hpp"
 #include "tessera/checkpoint/safetensors.hpp"
 #include "tessera/core/checksum.hpp"
 
@@ -114,11 +120,55 @@ BOOST_AUTO_TEST_CASE(index_round_trip_and_hostile_indexes) {
       {{"\"count\":2", "\"count\":1"}, "does not match its element count"},
       {{"\"offset\":48", "\"offset\":95"}, "outside file"},
       {{"\"checksum\":\"0123456789abcdef\"", "\"checksum\":\"xyz\""}, "16 hex digits"},
-      {{"\"dtype\":\"F32\"", "\"dtype\":\"F99\""}, "unknown dtype"},
+      {{"\"dtype\":\"F32\"", "\"dtype\":\"F99\""}, "is not a floating-point type"},
+      {{"\"dtype\":\"F32\"", "\"dtype\":\"I32\""}, "is not a floating-point type"},
+      {{"\"key\":\"u.w/main\"", "\"key\":\"v.w/main\""}, "a piece's key is 'v.w/main', expected 'u.w/main'"},
+      {{"\"key\":\"u.w/main\"", "\"key\":\"u.w/\\u0001x\""}, "a piece's key is 'u.w/?x'"},
       {{"\"step\":4", "\"step\":-4"}, "'step' missing or not an unsigned integer"},
   };
   for (const auto& [edit, why] : cases) {
     const std::string text = replaced(good_index, edit.first, edit.second);
     BOOST_TEST_CONTEXT(edit.second) { expect_error([&] { (void)parse_index(text, "i"); }, why); }
+  }
+}
+
+// A FIFO in place of a checkpoint file must not block the reader forever.
+BOOST_AUTO_TEST_CASE(a_fifo_is_refused_not_waited_on) {
+  const auto dir = std::filesystem::temp_directory_path() / ("tessera-fifo-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto fifo = dir / "rank-00000.safetensors";
+  BOOST_REQUIRE(::mkfifo(fifo.c_str(), 0644) == 0);
+  expect_error([&] { in_file f(fifo.string()); }, "is not a regular file");
+  expect_error([&] { (void)read_small_file(fifo, 1024); }, "is not a regular file");
+  std::filesystem::remove_all(dir);
+}
+
+// Two savers on one root: the second is told who holds it.
+BOOST_AUTO_TEST_CASE(one_saver_per_checkpoint_root) {
+  const auto dir = std::filesystem::temp_directory_path() / ("tessera-lock-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  {
+    root_lock first(dir);
+    expect_error([&] { root_lock second(dir); }, "is being saved to by another process (pid " + std::to_string(::getpid()));
+  }
+  root_lock again(dir);  // released with the first
+  std::filesystem::remove_all(dir);
+}
+
+// The whole index, the trainer's fields included, is under one checksum.
+BOOST_AUTO_TEST_CASE(index_checksum_covers_every_field) {
+  const index_info x = parse_index(good_index, "i");
+  const std::string text = index_text(x);
+  BOOST_TEST(text.find("index_checksum") != std::string::npos);
+  BOOST_TEST(parse_index(text, "i").extra["next_step"] == 4);
+  const std::function<void(nlohmann::json&)> edits[] = {
+      [](nlohmann::json& j) { j["extra"]["next_step"] = 5; },  // the trainer's own field
+      [](nlohmann::json& j) { j["step"] = 3; },
+      [](nlohmann::json& j) { j["tensors"]["u.w"]["shape"] = {3, 2}; },  // transposed: same element count
+  };
+  for (const auto& edit : edits) {
+    nlohmann::json j = nlohmann::json::parse(text);
+    edit(j);
+    expect_error([&] { (void)parse_index(j.dump(1), "i"); }, "does not match its checksum");
   }
 }

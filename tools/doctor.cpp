@@ -183,8 +183,8 @@ verdict diagnose(const std::map<int, rank_trace>& traces, int world) {
         v.text += " " + ranks_text(silent) + " wrote no trace: stopped (SIGSTOP), killed, or stuck outside the library "
                   "where it could not answer; look at that rank first (its last log lines, dmesg, a debugger).";
       else
-        v.text += " It was still working outside the library (a slow or stuck computation, I/O, a different "
-                  "code path) when the others gave up.";
+        v.text += " It had not reached that collective when the others gave up: stopped, or working outside the "
+                  "library (a slow or stuck computation, I/O, a different code path).";
       return v;
     }
     v.code = 4;

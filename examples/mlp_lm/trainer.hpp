@@ -161,6 +161,20 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, const devi
     const auto& x = got.extra;
     if (!x.contains("next_step") || !x.contains("seed") || !x.contains("tokens") || !x.contains("accum"))
       throw tessera::error("checkpoint '" + got.path.string() + "' was not written by tessera-mlp-lm (no data position)");
+    // The trainer's own fields: integers in range, or one clear error (not a
+    // json exception, not a run that resumes at step -5).
+    auto field = [&](const char* k, long lo, long hi) {
+      const auto& v = x[k];
+      if (!v.is_number_integer() || v.template get<long long>() < lo || v.template get<long long>() > hi)
+        throw tessera::error("checkpoint '" + got.path.string() + "': field '" + k + "' is " +
+                             (v.is_number_integer() ? std::to_string(v.template get<long long>()) : std::string(v.type_name())) +
+                             ", expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    };
+    field("next_step", 0, 1L << 40);
+    field("tokens", 1, 1L << 30);
+    field("accum", 1, 1L << 20);
+    if (!x["seed"].is_number_unsigned() && !(x["seed"].is_number_integer() && x["seed"].template get<long long>() >= 0))
+      throw tessera::error("checkpoint '" + got.path.string() + "': field 'seed' is not a non-negative integer");
     if (x["tokens"].template get<long>() != o.tokens || x["accum"].template get<int>() != o.accum)
       throw tessera::error("checkpoint '" + got.path.string() + "' was trained with --tokens " +
                            std::to_string(x["tokens"].template get<long>()) + " --accum " +

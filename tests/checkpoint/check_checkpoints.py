@@ -142,6 +142,57 @@ try:
             ['--layers', '3'])
     damaged('a tensor the model lacks (model has 1 layer)', lambda d: None, "which the model lacks", ['--layers', '1'])
     damaged('a shape that differs (--d 32)', lambda d: None, "has shape", ['--d', '32'])
+    # Index edits and a FIFO: rejected by load and by tessera-consolidate alike (one validation path).
+    def consolidate_rejects(name, mutate, expect):
+        d = f'{work}/damaged'
+        shutil.rmtree(d, ignore_errors=True)
+        shutil.copytree(newest, d)
+        mutate(d)
+        try:
+            out = subprocess.run([consolidate, d, f'{work}/rejected.safetensors'], capture_output=True, text=True,
+                                 timeout=60)
+            lines = [l for l in out.stderr.splitlines() if l.startswith('tessera:')]
+            check(f'consolidate rejects: {name}', out.returncode != 0 and any(expect in l for l in lines),
+                  (lines[0] if lines else out.stderr.strip()[-300:]))
+        except subprocess.TimeoutExpired:
+            check(f'consolidate rejects: {name}', False, 'blocked for 60 s')
+
+    def edit_index(change):
+        def mutate(d):
+            j = json.load(open(f'{d}/index.json'))
+            change(j)
+            json.dump(j, open(f'{d}/index.json', 'w'), indent=1)
+        return mutate
+
+    def swap_keys(j):  # one tensor's bytes filed under another's name
+        names = sorted(j['tensors'])
+        a, b = j['tensors'][names[0]], j['tensors'][names[1]]
+        a['pieces'], b['pieces'] = b['pieces'], a['pieces']
+
+    def transpose(j):
+        t = next(t for t in j['tensors'].values() if len(t['shape']) == 2 and t['shape'][0] != t['shape'][1])
+        t['shape'].reverse()
+
+    def as_fifo(d):
+        os.remove(f'{d}/{rank1}')
+        os.mkfifo(f'{d}/{rank1}')
+
+    for name, mutate, expect in [
+            ('tensors filed under each other\'s names', edit_index(swap_keys), 'does not match its checksum'),
+            ('a transposed shape', edit_index(transpose), 'does not match its checksum'),
+            ('next_step -5', edit_index(lambda j: j['extra'].update(next_step=-5)), 'does not match its checksum'),
+            ('a dropped tensor', edit_index(lambda j: j['tensors'].pop(sorted(j['tensors'])[0])),
+             'does not match its checksum'),
+            ('a FIFO in place of a rank file', as_fifo, 'is not a regular file')]:
+        damaged(name, mutate, expect)
+        consolidate_rejects(name, mutate, expect)
+
+    def swap_keys_unchecked(j):  # the same edit with the checksum removed (an older index): the keys say it
+        swap_keys(j)
+        j.pop('index_checksum')
+    damaged('swapped keys, no index checksum', edit_index(swap_keys_unchecked), "a piece's key is")
+    consolidate_rejects('swapped keys, no index checksum', edit_index(swap_keys_unchecked), "a piece's key is")
+
     _, after = run(2, ['--steps', '6', '--load', good])
     check('the previous checkpoint still loads after every damage', min(after) == 2)
 

@@ -138,11 +138,13 @@ fs::path save(Opt& opt, const fs::path& root, long step, const save_options& o =
   TESSERA_CHECK(step >= 0, "checkpoint::save: step ", step, " is negative");
 
   std::exception_ptr err;
+  std::optional<root_lock> lock;  // rank 0 holds the root for the whole save
   if (r == 0) {
     try {
       std::error_code ec;
       fs::create_directories(root, ec);
       if (ec) io_fail("cannot create", root.string(), ec.value());
+      lock.emplace(root);
       fs::remove_all(tmp, ec);  // a save that crashed earlier
       if (!fs::create_directory(tmp, ec) || ec) io_fail("cannot create", tmp.string(), ec ? ec.value() : EEXIST);
     } catch (...) {
@@ -245,7 +247,7 @@ fs::path save(Opt& opt, const fs::path& root, long step, const save_options& o =
         }
       }
       if (o.at_point) o.at_point("before-index");
-      write_file_atomic(tmp / index_name, to_json(x).dump(1));
+      write_file_atomic(tmp / index_name, index_text(x));
       sync_dir(tmp);
       if (o.at_point) o.at_point("before-rename");
       std::error_code ec;
@@ -261,7 +263,15 @@ fs::path save(Opt& opt, const fs::path& root, long step, const save_options& o =
       fs::remove_all(old, ec);
       if (o.keep > 0) {  // older ones go only now that a newer one is complete
         auto done = complete_checkpoints(root);
-        for (std::size_t i = 0; i + std::size_t(o.keep) < done.size(); ++i) fs::remove_all(done[i].second, ec);
+        // Out of the step-* namespace first (one rename), then deleted: a kill
+        // in between leaves a hidden directory, never a step-* that looks
+        // complete with rank files missing.
+        for (std::size_t i = 0; i + std::size_t(o.keep) < done.size(); ++i) {
+          const fs::path gone = root / (".retired-" + done[i].second.filename().string());
+          fs::remove_all(gone, ec);
+          fs::rename(done[i].second, gone, ec);
+          if (!ec) sync_dir(root), fs::remove_all(gone, ec);
+        }
       }
     } catch (...) {
       err = std::current_exception();
@@ -323,21 +333,11 @@ load_result load(Opt& opt, const fs::path& dir) {
         if (!known) tessera::detail::fail(where + " has tensor '" + key + "', which the model lacks");
       }
     // Read what overlaps this rank's optimizer ranges, checking as we go.
-    std::map<int, in_file> files;
-    std::map<int, st_header> headers;
-    auto file = [&](int q) -> const in_file& {
+    std::map<int, rank_reader> files;
+    auto file = [&](int q) -> const rank_reader& {
       auto it = files.find(q);
-      if (it != files.end()) return it->second;
-      const auto& fi = x.files.at(std::size_t(q));
-      in_file f = open_rank_file(x, res.path, q, where);
-      std::vector<unsigned char> head(std::size_t(std::min<std::uint64_t>(f.size(), 8)));
-      f.read(0, head.data(), head.size());
-      std::uint64_t n = 0;
-      for (int i = std::int64_t(head.size()) - 1; i >= 0; --i) n = (n << 8) | head[std::size_t(i)];
-      head.resize(std::size_t(std::min<std::uint64_t>(f.size(), 8 + std::min(n, max_header_bytes))));
-      f.read(0, head.data(), head.size());
-      headers[q] = parse_safetensors_header(head, f.size(), where + ": file '" + fi.name + "'");
-      return files.emplace(q, std::move(f)).first->second;
+      if (it == files.end()) it = files.emplace(q, open_rank_reader(x, res.path, q, where)).first;
+      return it->second;
     };
     std::vector<unsigned char> buf;
     for (std::size_t u = 0; u < layouts.size(); ++u) {
@@ -353,16 +353,10 @@ load_result load(Opt& opt, const fs::path& dir) {
         for (const auto& pi : x.tensors.at(key).pieces) {
           const std::uint64_t pa = std::max<std::uint64_t>(pi.begin, ta), pb = std::min<std::uint64_t>(pi.begin + pi.count, tb);
           if (pa >= pb) continue;
-          const in_file& f = file(pi.file);
-          const st_header& h = headers.at(pi.file);
+          const rank_reader& f = file(pi.file);
           for (int s = 0; s < S; ++s) {
-            const byte_range& br = pi.ranges[std::size_t(s)];
-            const st_entry* se = h.find(pi.keys[std::size_t(s)]);
-            if (!se || se->dtype != dtype_name<M>() || h.data_start + se->begin != br.offset || se->end - se->begin != br.bytes)
-              tessera::detail::fail(where + ": file '" + x.files[std::size_t(pi.file)].name + "' does not hold '" +
-                                    pi.keys[std::size_t(s)] + "' where the index says");
-            buf.resize(std::size_t(br.bytes));
-            read_checked(f, br, buf.data(), x.files[std::size_t(pi.file)].name, pi.keys[std::size_t(s)], where);
+            buf.resize(std::size_t(pi.ranges[std::size_t(s)].bytes));
+            read_piece(f, x.tensors.at(key), pi, std::size_t(s), buf.data(), where);
             std::memcpy(staged[u][std::size_t(s)].data() + (slot.offset + pa - lo),
                         buf.data() + (pa - pi.begin) * sizeof(M), std::size_t(pb - pa) * sizeof(M));
           }

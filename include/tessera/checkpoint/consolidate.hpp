@@ -70,19 +70,14 @@ inline std::size_t consolidate(const fs::path& ckpt, const fs::path& out, bool w
       outs.push_back({s == 0 ? name : name + "/" + x.states[s], t.dtype, t.shape});
       what.emplace_back(&name, s);
     }
-  std::vector<std::optional<in_file>> files(x.files.size());
-  auto file = [&](int q) -> const in_file& {
-    auto& f = files[std::size_t(q)];
-    if (!f) f.emplace(open_rank_file(x, ckpt, q, where));
-    return *f;
-  };
+  // Every rank file opened and its header checked before anything is
+  // written, through the same reader and checks as load.
+  std::vector<rank_reader> files;
+  for (int q = 0; q < int(x.files.size()); ++q) files.push_back(open_rank_reader(x, ckpt, q, where));
   write_safetensors(out, outs, [&](std::size_t i, std::vector<unsigned char>& dst) {
     const auto& t = x.tensors.at(*what[i].first);
     const std::size_t s = what[i].second, esize = dtype_bytes(t.dtype);
-    for (const auto& p : t.pieces) {
-      read_checked(file(p.file), p.ranges[s], dst.data() + p.begin * esize, x.files[std::size_t(p.file)].name, p.keys[s],
-                   where);
-    }
+    for (const auto& p : t.pieces) read_piece(files[std::size_t(p.file)], t, p, s, dst.data() + p.begin * esize, where);
   }, {{"format", "tessera-consolidated"}, {"step", std::to_string(x.step)}});
   return outs.size();
 }

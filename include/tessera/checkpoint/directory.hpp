@@ -12,6 +12,7 @@
 
 #include "tessera/checkpoint/index.hpp"
 #include "tessera/checkpoint/io.hpp"
+#include "tessera/checkpoint/safetensors.hpp"
 #include "tessera/core/checksum.hpp"
 
 namespace tessera::checkpoint {
@@ -73,6 +74,40 @@ inline void read_checked(const in_file& f, const byte_range& br, void* dst, cons
   if (checksum64::of(dst, std::size_t(br.bytes)) != br.checksum)
     tessera::detail::fail(where + ": checksum mismatch in file '" + file_name + "', tensor '" + key +
                           "' (the file is damaged)");
+}
+
+//! A rank file open for reading, with its safetensors header parsed: what
+//! load and consolidate read through, so both validate alike.
+struct rank_reader {
+  in_file file;
+  st_header header;
+  std::string name;
+};
+
+//! Opens rank file q (checking existence and size, open_rank_file) and parses its header.
+[[nodiscard]] inline rank_reader open_rank_reader(const index_info& x, const fs::path& dir, int q, const std::string& where) {
+  const auto& fi = x.files.at(std::size_t(q));
+  in_file f = open_rank_file(x, dir, q, where);
+  std::vector<unsigned char> head(std::size_t(std::min<std::uint64_t>(f.size(), 8)));
+  f.read(0, head.data(), head.size());
+  std::uint64_t n = 0;
+  for (int i = int(head.size()) - 1; i >= 0; --i) n = (n << 8) | head[std::size_t(i)];
+  head.resize(std::size_t(std::min<std::uint64_t>(f.size(), 8 + std::min(n, max_header_bytes))));
+  f.read(0, head.data(), head.size());
+  st_header h = parse_safetensors_header(head, f.size(), where + ": file '" + fi.name + "'");
+  return {std::move(f), std::move(h), fi.name};
+}
+
+//! State s of piece pi of tensor t into dst: the rank file's header must hold
+//! the piece's key with the tensor's dtype at the byte range the index names,
+//! and the bytes must match their checksum.
+inline void read_piece(const rank_reader& r, const tensor_info& t, const piece_info& pi, std::size_t s, void* dst,
+                       const std::string& where) {
+  const byte_range& br = pi.ranges.at(s);
+  const st_entry* se = r.header.find(pi.keys[s]);
+  if (!se || se->dtype != t.dtype || r.header.data_start + se->begin != br.offset || se->end - se->begin != br.bytes)
+    tessera::detail::fail(where + ": file '" + r.name + "' does not hold '" + pi.keys[s] + "' where the index says");
+  read_checked(r.file, br, dst, r.name, pi.keys[s], where);
 }
 
 }  // namespace tessera::checkpoint

@@ -81,6 +81,19 @@ inline nlohmann::json to_json(const index_info& x) {
           {"tensors", tensors},             {"extra", x.extra}};
 }
 
+//! The checksum of an index without its index_checksum field (keys sorted:
+//! nlohmann::json objects are ordered maps, so the text is canonical).
+[[nodiscard]] inline std::uint64_t index_checksum(const nlohmann::json& j) {
+  const std::string text = j.dump();
+  return checksum64::of(text.data(), text.size());
+}
+//! The index as written: to_json plus its checksum.
+[[nodiscard]] inline std::string index_text(const index_info& x) {
+  nlohmann::json j = to_json(x);
+  j["index_checksum"] = checksum64::to_hex(index_checksum(j));
+  return j.dump(1);
+}
+
 namespace detail {
 inline std::uint64_t parse_hex64(const nlohmann::json& v, const std::string& what) {
   if (!v.is_string() || v.get<std::string>().size() != 16) tessera::detail::fail(what + ": checksum is not 16 hex digits");
@@ -109,9 +122,17 @@ inline std::string get_str(const nlohmann::json& j, const char* key, const std::
 inline index_info parse_index(std::string_view text, const std::string& what) {
   using detail::get_str;
   using detail::get_u64;
-  const auto j = parse_json(text, what);
+  auto j = parse_json(text, what);
   if (!j.is_object() || get_str(j, "format", what) != "tessera-checkpoint")
     tessera::detail::fail(what + ": not a tessera checkpoint index");
+  // The whole index (the trainer's extra fields included) is covered by its
+  // checksum; indexes written before it existed have none and are read as they are.
+  if (j.contains("index_checksum")) {
+    const std::uint64_t want = detail::parse_hex64(j["index_checksum"], what + " index_checksum");
+    j.erase("index_checksum");
+    if (index_checksum(j) != want)
+      tessera::detail::fail(what + ": the index does not match its checksum (edited or damaged)");
+  }
   if (get_u64(j, "version", what) != index_version)
     tessera::detail::fail(what + ": index version " + std::to_string(get_u64(j, "version", what)) + ", this build reads " +
                           std::to_string(index_version));
@@ -136,19 +157,20 @@ inline index_info parse_index(std::string_view text, const std::string& what) {
     file_info fi;
     fi.name = get_str(f, "name", what);
     if (fi.name.empty() || fi.name.find('/') != std::string::npos || fi.name.find("..") != std::string::npos)
-      tessera::detail::fail(what + ": file name '" + fi.name + "' is not a plain name in the checkpoint directory");
+      tessera::detail::fail(what + ": file name '" + printable(fi.name) + "' is not a plain name in the checkpoint directory");
     fi.bytes = get_u64(f, "bytes", what);
     fi.checksum = detail::parse_hex64(f.contains("checksum") ? f["checksum"] : nlohmann::json(), what + " file " + fi.name);
     x.files.push_back(std::move(fi));
   }
   if (!j.contains("tensors") || !j["tensors"].is_object()) tessera::detail::fail(what + ": 'tensors' is not an object");
   for (auto it = j["tensors"].begin(); it != j["tensors"].end(); ++it) {
-    const std::string tw = what + " tensor '" + it.key() + "'";
+    const std::string tw = what + " tensor '" + printable(it.key()) + "'";
     const auto& t = it.value();
     tensor_info ti;
     ti.dtype = get_str(t, "dtype", tw);
     const std::size_t esize = dtype_bytes(ti.dtype);
-    if (esize == 0) tessera::detail::fail(tw + ": unknown dtype '" + ti.dtype + "'");
+    if (ti.dtype != "F32" && ti.dtype != "F64" && ti.dtype != "BF16" && ti.dtype != "F16")
+      tessera::detail::fail(tw + ": dtype '" + printable(ti.dtype) + "' is not a floating-point type a checkpoint holds");
     if (!t.contains("shape") || !t["shape"].is_array() || t["shape"].size() > 16)
       tessera::detail::fail(tw + ": shape is not a list of at most 16 extents");
     std::uint64_t numel = 1;
@@ -177,6 +199,11 @@ inline index_info parse_index(std::string_view text, const std::string& what) {
           tessera::detail::fail(tw + ": a byte range lies outside file '" + x.files[std::size_t(pi.file)].name + "'");
         br.checksum = detail::parse_hex64(r.contains("checksum") ? r["checksum"] : nlohmann::json(), tw);
         pi.keys.push_back(get_str(r, "key", tw));
+        // A piece names its own tensor and state: an index that files one
+        // tensor's bytes under another's name is damaged, whatever reads it.
+        const std::string want = it.key() + "/" + x.states[pi.keys.size() - 1];
+        if (pi.keys.back() != want)
+          tessera::detail::fail(tw + ": a piece's key is '" + printable(pi.keys.back()) + "', expected '" + printable(want) + "'");
         pi.ranges.push_back(br);
       }
       ti.pieces.push_back(std::move(pi));

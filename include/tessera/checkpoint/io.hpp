@@ -3,6 +3,7 @@
 //! reads, directory sync and rename. Every failure is a tessera::error with
 //! the path and the system's reason.
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <utility>
 
 #include "tessera/core/error.hpp"
 
@@ -66,10 +68,18 @@ private:
 class in_file {
 public:
   explicit in_file(std::string path) : path_(std::move(path)) {
-    fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: a FIFO (or a device) in place of a checkpoint file would
+    // block open() forever; it is refused below, a regular file read normally.
+    fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd_ < 0) io_fail("cannot open", path_, errno);
     struct stat st {};
     if (::fstat(fd_, &st) != 0) io_fail("cannot stat", path_, errno);
+    if (!S_ISREG(st.st_mode)) {
+      ::close(std::exchange(fd_, -1));
+      tessera::detail::fail("checkpoint: '" + path_ + "' is not a regular file");
+    }
+    const int flags = ::fcntl(fd_, F_GETFL);
+    if (flags < 0 || ::fcntl(fd_, F_SETFL, flags & ~O_NONBLOCK) != 0) io_fail("cannot read", path_, errno);
     size_ = std::uint64_t(st.st_size);
   }
   in_file(const in_file&) = delete;
@@ -136,5 +146,44 @@ inline std::string read_small_file(const fs::path& path, std::uint64_t limit) {
   f.read(0, s.data(), s.size());
   return s;
 }
+
+//! An exclusive lock on a checkpoint root while one process saves into it
+//! (flock on <root>/.tessera-save.lock, which names the holder): two trainers
+//! saving to one directory would overwrite each other's checkpoints.
+class root_lock {
+public:
+  explicit root_lock(const fs::path& root) : path_((root / ".tessera-save.lock").string()) {
+    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) io_fail("cannot create the lock", path_, errno);
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      char holder[128] = {};
+      const ssize_t n = ::pread(fd_, holder, sizeof holder - 1, 0);
+      ::close(std::exchange(fd_, -1));
+      if (err != EWOULDBLOCK) io_fail("cannot lock", path_, err);
+      std::string who(holder, std::size_t(n > 0 ? n : 0));
+      for (auto& c : who)
+        if (c < 0x20 || c > 0x7e) c = ' ';
+      tessera::detail::fail("checkpoint: '" + root.string() + "' is being saved to by another process (" +
+                            (who.empty() ? std::string("holder unknown") : who) +
+                            "); two jobs must not save to one checkpoint directory");
+    }
+    char host[64] = {};
+    ::gethostname(host, sizeof host - 1);
+    const std::string me = "pid " + std::to_string(::getpid()) + " on " + host;
+    if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, me.data(), me.size(), 0) < 0) {
+      // The lock holds without the note: only the message on contention is poorer.
+    }
+  }
+  root_lock(const root_lock&) = delete;
+  root_lock& operator=(const root_lock&) = delete;
+  ~root_lock() {
+    if (fd_ >= 0) ::close(fd_);  // releases the flock
+  }
+
+private:
+  std::string path_;
+  int fd_ = -1;
+};
 
 }  // namespace tessera::checkpoint

@@ -39,6 +39,13 @@ struct st_header {
   }
 };
 
+//! Text from a damaged file, safe to print: non-printable bytes as '?', at most 80 characters.
+[[nodiscard]] inline std::string printable(std::string_view s) {
+  std::string out;
+  for (unsigned char c : s.substr(0, 80)) out += (c >= 0x20 && c < 0x7f) ? char(c) : '?';
+  return s.size() > 80 ? out + "..." : out;
+}
+
 //! Bytes per element of a safetensors dtype name, 0 if unknown.
 [[nodiscard]] inline std::size_t dtype_bytes(std::string_view d) {
   if (d == "F64" || d == "I64" || d == "U64") return 8;
@@ -116,31 +123,31 @@ inline void check_depth(std::string_view text, const std::string& what) {
     const auto& v = it.value();
     const std::string name = it.key();
     if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets"))
-      bad("tensor '" + name + "' lacks dtype, shape or data_offsets");
-    if (!v["dtype"].is_string() || dtype_bytes(v["dtype"].get<std::string>()) == 0) bad("tensor '" + name + "': unknown dtype");
+      bad("tensor '" + printable(name) + "' lacks dtype, shape or data_offsets");
+    if (!v["dtype"].is_string() || dtype_bytes(v["dtype"].get<std::string>()) == 0) bad("tensor '" + printable(name) + "': unknown dtype");
     st_entry e;
     e.name = name;
     e.dtype = v["dtype"].get<std::string>();
-    if (!v["shape"].is_array() || v["shape"].size() > 16) bad("tensor '" + name + "': shape is not an array of rank <= 16");
+    if (!v["shape"].is_array() || v["shape"].size() > 16) bad("tensor '" + printable(name) + "': shape is not an array of rank <= 16");
     std::uint64_t numel = 1;
     for (const auto& x : v["shape"]) {
       if (!x.is_number_unsigned() || x.get<std::uint64_t>() > (std::uint64_t(1) << 48))
-        bad("tensor '" + name + "': shape holds a negative, non-integer or huge extent");
+        bad("tensor '" + printable(name) + "': shape holds a negative, non-integer or huge extent");
       const std::uint64_t s = x.get<std::uint64_t>();
-      if (s != 0 && numel > (std::uint64_t(1) << 56) / s) bad("tensor '" + name + "': shape product overflows");
+      if (s != 0 && numel > (std::uint64_t(1) << 56) / s) bad("tensor '" + printable(name) + "': shape product overflows");
       numel *= s;
       e.shape.push_back(std::int64_t(s));
     }
     const auto& o = v["data_offsets"];
     if (!o.is_array() || o.size() != 2 || !o[0].is_number_unsigned() || !o[1].is_number_unsigned())
-      bad("tensor '" + name + "': data_offsets is not two unsigned integers");
+      bad("tensor '" + printable(name) + "': data_offsets is not two unsigned integers");
     e.begin = o[0].get<std::uint64_t>();
     e.end = o[1].get<std::uint64_t>();
     if (e.begin > e.end || e.end > data_bytes)
-      bad("tensor '" + name + "': data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) +
+      bad("tensor '" + printable(name) + "': data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) +
           ") outside the " + std::to_string(data_bytes) + " data bytes");
     if (e.end - e.begin != numel * dtype_bytes(e.dtype))
-      bad("tensor '" + name + "': " + std::to_string(e.end - e.begin) + " bytes for " + std::to_string(numel) + " " +
+      bad("tensor '" + printable(name) + "': " + std::to_string(e.end - e.begin) + " bytes for " + std::to_string(numel) + " " +
           e.dtype + " elements");
     h.entries.push_back(std::move(e));
   }
@@ -149,7 +156,7 @@ inline void check_depth(std::string_view text, const std::string& what) {
   std::sort(by_start.begin(), by_start.end(), [](auto* a, auto* b) { return a->begin < b->begin; });
   for (std::size_t i = 1; i < by_start.size(); ++i)
     if (by_start[i]->begin < by_start[i - 1]->end)
-      bad("tensors '" + by_start[i - 1]->name + "' and '" + by_start[i]->name + "' overlap");
+      bad("tensors '" + printable(by_start[i - 1]->name) + "' and '" + printable(by_start[i]->name) + "' overlap");
   return h;
 }
 

@@ -285,6 +285,7 @@ private:
   // the same one. Throws the mismatch on every rank.
   trace::recorder::ticket begin(const char* op, std::size_t n, dtype t, bool blocking) {
     auto& rec = trace::global();
+    rec.throw_if_faulted(op);
     const bool check_order = opt_.order_check && size_ > 1;
     const auto tk = rec.issue(channel_, op, n, t, blocking || check_order);
     if (check_order) try {

@@ -28,6 +28,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -150,7 +151,11 @@ public:
     std::lock_guard lock(state_->mu);
     if (state_->aborted.load()) return;
     state_->aborted = true;
-    ncclCommDestroy(comm_);
+    // Unwinding from an error: ncclCommDestroy can wait for peers that are
+    // themselves waiting for this rank, so the error would never reach the
+    // launcher. Abort instead (local, immediate).
+    if (std::uncaught_exceptions() > 0) ncclCommAbort(comm_);
+    else ncclCommDestroy(comm_);
   }
 
   [[nodiscard]] int rank() const noexcept { return rank_; }
@@ -385,6 +390,7 @@ private:
   template <class F>
   request run(const char* what, std::size_t n, dtype t, F&& call) {
     throw_if_aborted(what, n, t);
+    trace::global().throw_if_faulted(what);
     const cudaStream_t compute = cuda::current_stream();
     // cudaStreamWaitEvent takes the event's state when called, so one event
     // serves every "inputs ready" edge; completion events are pooled.

@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "tessera/core/dtype.hpp"
+#include "tessera/core/error.hpp"
 
 namespace tessera::comm {
 
@@ -174,6 +175,25 @@ public:
     return n;
   }
 
+  //! After the watchdog reported a fault, every collective this process
+  //! issues on any communicator throws at once (the job is broken: a rank
+  //! that goes on to another communicator would otherwise wait there for a
+  //! second timeout).
+  void throw_if_faulted(const char* op) const {
+    if (!faulted_.load(std::memory_order_relaxed)) [[likely]] return;
+    std::string why;
+    {
+      std::lock_guard lock(mu_);
+      why = fault_message_;
+    }
+    ::tessera::detail::fail(std::string(op) + " not started: an earlier collective failed in this process (" + why + ")");
+  }
+  void set_faulted(const std::string& message) {
+    std::lock_guard lock(mu_);
+    if (!faulted_.load()) fault_message_ = message;
+    faulted_.store(true);
+  }
+
   //! Records a collective being issued on channel `id`; returns its ticket.
   //! `done`, if given, tells the watchdog when it completed (else the host
   //! calls complete()). The deadline starts now when `waits_now` (a blocking
@@ -307,6 +327,11 @@ public:
       std::string out;
       {
         std::lock_guard lock(mu_);
+        // The file written at a timeout shows what the rank waited in; what
+        // follows (the error it causes, a launcher waking a stopped peer so
+        // that the collective completes after all) must not replace it.
+        if (timeout_written_) return file();
+        timeout_written_ = reason == "timeout";
         out = to_json(reason, message);
       }
       const auto path = file();
@@ -403,6 +428,9 @@ private:
   std::vector<watch> watches_;
   int process_rank_ = -1, process_size_ = 0;
   std::vector<int> peers_;
+  std::atomic<bool> faulted_{false};
+  std::string fault_message_;
+  bool timeout_written_ = false;
 };
 
 //! The process's recorder.

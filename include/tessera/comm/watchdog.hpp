@@ -88,6 +88,7 @@ private:
       trace::recorder::fault f = rec.poll();
       if (f.comm < 0) continue;
       faults_++;
+      rec.set_faulted(f.message);
       const auto path = rec.dump("timeout", f.message);
       std::fprintf(stderr, "tessera: watchdog: %s%s%s\n", f.message.c_str(), path.empty() ? "" : "; trace written to ",
                    path.c_str());
