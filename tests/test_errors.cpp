@@ -4,6 +4,7 @@
 #include "common/mpi_test_main.hpp"
 #include "common/util.hpp"
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -338,4 +339,61 @@ BOOST_AUTO_TEST_CASE(flight_recorder_file) {
   BOOST_TEST(found);
   c.barrier();
   if (c.rank() == 0) std::filesystem::remove_all(dir);
+}
+
+// ---- wrapper_options::poison_released: misuse shows at once --------------------
+BOOST_AUTO_TEST_CASE(weights_kept_past_their_scope_are_nan) {
+  comm::mpi c;
+  if (c.size() == 1) return;  // one rank holds the whole unit: nothing is gathered or released
+  data_parallel_t<Z3> m(c, wrapper_options{.poison_released = true});
+  auto u = m.add_unit("u");
+  auto w = m.add_param(u, "w", {12});
+  m.finalize();
+  m.set_param(w, std::vector<float>(12, 1.0f));
+  std::span<const float> kept;
+  {
+    auto s = m.gather(u);
+    kept = s.weights();
+    BOOST_TEST(kept[0] == 1.0f);
+  }
+  BOOST_TEST(std::isnan(kept[0]));  // the misuse reads NaN, not plausible weights
+  auto s = m.gather(u);
+  BOOST_TEST(s.weights()[0] == 1.0f);  // gathered again
+}
+
+BOOST_AUTO_TEST_CASE(gradients_written_after_reduce_grads) {
+  comm::mpi c;
+  if (c.size() == 1) return;  // one rank: reduce_grads communicates nothing
+  data_parallel_t<ZG> m(c, wrapper_options{.poison_released = true});
+  auto u = m.add_unit("u");
+  auto w = m.add_param(u, "w", {10});
+  m.finalize();
+  ShardedOptimizer opt(m, sgd{.lr = 0.1});
+  std::span<float> g;
+  m.begin_micro_batch(0, 1);
+  {
+    auto s = m.gather(u);
+    g = s.grad(w);
+    for (auto& x : g) x = 1.0f;
+  }
+  m.reduce_grads(u);
+  g[0] = 5.0f;  // while the reduction is in flight
+  expect_error([&] { m.finish_grad_sync(); }, "were written after reduce_grads('u'), while its reduction was in flight");
+  m.zero_grad();
+  // A correct step works again; a write after the reduction completed is found when the buffer is reused.
+  m.begin_micro_batch(0, 1);
+  {
+    auto s = m.gather(u);
+    g = s.grad(w);
+    for (auto& x : g) x = 1.0f;
+  }
+  BOOST_TEST(!opt.step().skipped);
+  BOOST_TEST(std::isnan(g[1]));
+  g[1] = 2.0f;
+  m.begin_micro_batch(0, 1);
+  expect_error([&] {
+    auto s = m.gather(u);
+    (void)s.grad(w);
+  }, "was written after its reduction completed");
+  m.zero_grad();
 }

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -131,29 +132,39 @@ verdict diagnose(const std::map<int, rank_trace>& traces, int world) {
     }
   }
 
-  // 2. A collective some ranks wait in: who never issued it?
+  // 2. A collective some ranks wait in: who never issued it? Judged as of the
+  // first timeout (the earliest trace written for one): what a stopped rank
+  // did after the launcher woke it to end the job (continue, complete the
+  // collective, answer SIGUSR1) happened after the fault and does not count.
+  std::int64_t cut = std::numeric_limits<std::int64_t>::max();
+  for (const auto& [r, t] : traces)
+    if (t.reason == "timeout") cut = std::min(cut, t.time_us);
+  auto issued_by_cut = [&](const call& x) { return x.issued_us <= cut; };
+  auto pending_at_cut = [&](const call& x) {
+    return issued_by_cut(x) && (x.state == "issued" || x.completed_us == 0 || x.completed_us > cut);
+  };
   for (int c : comms) {
     long long k = -1;
     for (const auto& [r, t] : traces)
       if (auto it = t.calls.find(c); it != t.calls.end())
         for (const auto& [s, x] : it->second)
-          if (x.state == "issued" && (k < 0 || (long long)s < k)) k = (long long)s;
+          if (pending_at_cut(x) && (k < 0 || (long long)s < k)) k = (long long)s;
     if (k < 0) continue;
     std::vector<int> absent = missing, waiting, done;
     const call* what = nullptr;
     std::int64_t since = 0;
     for (const auto& [r, t] : traces) {
       const auto n = t.next_seq.contains(c) ? t.next_seq.at(c) : 0;
-      if (n <= std::uint64_t(k)) {
+      const auto it = t.calls.find(c);
+      const bool in_ring = it != t.calls.end() && it->second.contains(std::uint64_t(k));
+      if (n <= std::uint64_t(k) || (in_ring && !issued_by_cut(it->second.at(std::uint64_t(k))))) {
         absent.push_back(r);
         continue;
       }
-      const auto it = t.calls.find(c);
-      if (it == t.calls.end()) continue;
+      if (!in_ring) continue;  // fell out of the ring: issued long before
       const auto x = it->second.find(std::uint64_t(k));
-      if (x == it->second.end()) continue;  // fell out of the ring
       what = &x->second;
-      if (x->second.state == "issued") {
+      if (pending_at_cut(x->second)) {
         waiting.push_back(r);
         const std::int64_t t0 = x->second.waiting_us ? x->second.waiting_us : x->second.issued_us;
         since = since ? std::min(since, t0) : t0;
@@ -168,6 +179,7 @@ verdict diagnose(const std::map<int, rank_trace>& traces, int world) {
     const std::string name = what ? what->show(std::uint64_t(k)) : "collective #" + std::to_string(k);
     std::int64_t stop_us = 0;
     for (const auto& [r, t] : traces) stop_us = std::max(stop_us, t.time_us);
+    if (cut != std::numeric_limits<std::int64_t>::max()) stop_us = cut;
     char secs[64] = "";
     if (since && stop_us > since) std::snprintf(secs, sizeof secs, " for %.1f s", double(stop_us - since) / 1e6);
     if (!absent.empty()) {

@@ -198,11 +198,18 @@ fs::path save(Opt& opt, const fs::path& root, long step, const save_options& o =
   } catch (...) {
     err = std::current_exception();
   }
-  if (err && r == 0) {
-    std::error_code ec;
-    fs::remove_all(tmp, ec);
+  // The temporary directory goes only once every rank stopped writing: removed
+  // earlier, another rank's next write fails with "No such file or directory"
+  // and that, not the first cause (a full disk, say), can be the first line printed.
+  try {
+    comm::agree_or_throw(e.communicator(), err, "checkpoint::save (writing rank files)");
+  } catch (...) {
+    if (r == 0) {
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
+    }
+    throw;
   }
-  comm::agree_or_throw(e.communicator(), err, "checkpoint::save (writing rank files)");
   if (o.at_point) o.at_point("after-files");
 
   // Every rank's checksums to every rank.

@@ -24,6 +24,15 @@ struct wrapper_options {
   //! micro-batch's reduction, so optim_grads and optim_grads_params then take
   //! one micro-batch per step.
   bool lend_grad_shards = false;
+  //! Debugging aid, for tests and debug builds (also TESSERA_POISON=1 in the
+  //! environment): memory the wrapper takes back is filled with NaN and
+  //! checked when it is reused, so misuse shows at once instead of as
+  //! plausible numbers: a gathered unit's weights after its scope is released
+  //! (optim_grads_params; the cached copy is dropped), and a gradient span
+  //! written after its unit's reduce_grads (optim_grads, optim_grads_params;
+  //! a tessera::error when the reduction completes or the buffer is reused).
+  //! Costs a copy to the host and a checksum per reduction, and re-gathers.
+  bool poison_released = false;
 };
 
 //! A registered unit.

@@ -6,7 +6,11 @@
 //! gather_pool (gathered units) and reduction_pool (reductions in flight).
 //! Users reach all of it through the wrapper and its shard_view only.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <string_view>
 #include <span>
 #include <string>
 #include <utility>
@@ -15,6 +19,7 @@
 #include "tessera/backend/ops.hpp"
 #include "tessera/comm/communicator.hpp"
 #include "tessera/comm/trace.hpp"
+#include "tessera/core/checksum.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/policy/config.hpp"
 #include "tessera/shard/layout.hpp"
@@ -50,6 +55,7 @@ private:
 public:
   template <class Comm>
   dp_engine(Comm& comm, wrapper_options opt) : comm_(comm), opt_(opt) {
+    if (const char* e = std::getenv("TESSERA_POISON"); e && std::string_view(e) == "1") opt_.poison_released = true;
     TESSERA_CHECK(opt.alignment >= 1, "wrapper_options.alignment must be at least 1");
     TESSERA_CHECK(opt.gather_buffers >= 1, "wrapper_options.gather_buffers must be at least 1");
     TESSERA_CHECK(opt.grad_buffers >= 1, "wrapper_options.grad_buffers must be at least 1");
@@ -161,6 +167,7 @@ public:
     } else {
       if (st.grad_slot < 0) st.grad_slot = acquire_slot(u, true);  // no gradient written: zeros
       issue_reduction(u, st.grad_slot, slot_grads(u));
+      if (opt_.poison_released && strategy::shards_grads) poison_[std::size_t(st.grad_slot)].sent = sum_of(slot_grads(u));
     }
   }
 
@@ -268,9 +275,43 @@ public:
   }
   void release(std::size_t u) noexcept {
     if (units_[u].holders > 0) units_[u].holders--;
+    if constexpr (strategy::shards_params)
+      if (opt_.poison_released && !solo_ && units_[u].holders == 0) try {
+          gathers_.poison(u, layout(u).padded_numel());
+        } catch (...) {
+          // The gather failed; its error comes from the next wait.
+        }
   }
 
 private:
+  // poison_released: what a gradient slot held when its reduction was issued.
+  struct poison_state {
+    std::uint64_t sent = 0;  // checksum of the gradients as sent
+    int unit = -1;           // the unit whose reduction it held, now NaN; -1: nothing to check
+  };
+  template <class T>
+  static std::uint64_t sum_of(std::span<T> x) {
+    std::vector<std::remove_const_t<T>> host(x.size());
+    ops::copy_to_host(std::span<std::remove_const_t<T>>(host), std::span<const T>(x));
+    return checksum64::of(host.data(), host.size() * sizeof(T));
+  }
+  // Before slot s's reduction lands: its gradients must be as sent (else the
+  // returned message); then they become NaN.
+  std::string poison_slot(int s) {
+    auto& sl = slots_[s];
+    if (sl.unit < 0) return {};
+    const auto& L = layout(std::size_t(sl.unit));
+    const auto g = sl.grad.span().first(L.padded_numel());
+    slots_.wait(s);
+    std::string misuse;
+    if (sum_of(g) != poison_[std::size_t(s)].sent)
+      misuse = "gradients of unit '" + L.name() + "' were written after reduce_grads('" + L.name() +
+               "'), while its reduction was in flight; gradient views are valid until reduce_grads of their unit "
+               "(found by wrapper_options::poison_released)";
+    ops::fill(g, convert<G>(std::numeric_limits<float>::quiet_NaN()));
+    poison_[std::size_t(s)].unit = sl.unit;
+    return misuse;
+  }
   // What decides the collectives besides the model; ranks must agree on it.
   std::string config_text() const {
     return std::string(strategy::name) + " / " + std::string(Cfg::wrapper::name) + " / compute " +
@@ -295,6 +336,7 @@ private:
     slots_ = pool_type(opt_.grad_buffers, strategy::shards_grads ? max_padded : 0,
                        rules::wire_is_grad ? 0 : max_padded,
                        strategy::shards_optimizer && !rules::wire_is_grad ? max_shard : 0);
+    poison_.assign(std::size_t(opt_.grad_buffers), poison_state{});
     if constexpr (strategy::shards_params)
       gathers_ = gather_pool<C, backend_type>(comm_, opt_.gather_buffers, max_padded, units_.size());
   }
@@ -353,6 +395,20 @@ private:
              "wrapper_options.grad_buffers");
       complete(s);
     }
+    if constexpr (strategy::shards_grads)
+      if (opt_.poison_released && poison_[std::size_t(s)].unit >= 0) {  // still all NaN since its reduction?
+        auto& pz = poison_[std::size_t(s)];
+        const std::size_t n = layout(std::size_t(pz.unit)).padded_numel();
+        std::vector<G> host(n);
+        ops::copy_to_host(std::span<G>(host), std::span<const G>(slots_[s].grad.span().first(n)));
+        const std::string was = layout(std::size_t(pz.unit)).name();
+        pz.unit = -1;
+        for (const G& v : host)
+          if (!std::isnan(float(v)))
+            fail("a gradient span of unit '" + was + "' was written after its reduction completed (after "
+                 "reduce_grads('" + was + "') and the step or micro-batch that finished it); gradient views are "
+                 "valid until reduce_grads of their unit (found by wrapper_options::poison_released)");
+      }
     slots_[s].unit = int(u);
     if constexpr (strategy::shards_grads)
       if (zero_grads) ops::fill(slots_[s].grad.span().first(layout(u).padded_numel()), G{});
@@ -362,9 +418,13 @@ private:
     return slots_[units_[u].grad_slot].grad.span().first(layout(u).padded_numel());
   }
   void complete(int s) {
+    std::string misuse;
+    if constexpr (strategy::shards_grads)
+      if (opt_.poison_released) misuse = poison_slot(s);
     const std::size_t u = std::size_t(slots_.complete(s));
     store_[u].shard_fresh = false;
     if (units_[u].grad_slot == s) units_[u].grad_slot = -1;
+    if (!misuse.empty()) fail(misuse);  // after the bookkeeping: the wrapper stays usable
   }
   void complete_all() {
     for (int s; (s = slots_.oldest_pending()) >= 0;) complete(s);  // in issue order, as on every rank
@@ -433,6 +493,7 @@ private:
   unit_store<Cfg> store_;
   std::vector<unit_state> units_;
   pool_type slots_;
+  std::vector<poison_state> poison_;  // per reduction slot (poison_released)
   gather_pool<C, backend_type> gathers_;
   memory_plan plan_;
   bool grads_ready_ = false, mb_open_ = false, solo_ = false;

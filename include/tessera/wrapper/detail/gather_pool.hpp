@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <limits>
 #include <vector>
 
 #include "tessera/comm/communicator.hpp"
@@ -68,6 +69,15 @@ public:
       if (g.unit >= 0) slot_of_[std::size_t(g.unit)] = -1;
       g.unit = -1;
     }
+  }
+  //! Forgets unit u's gathered copy and fills its buffer with NaN (wrapper_options::poison_released).
+  void poison(std::size_t u, std::size_t padded) {
+    if (u >= slot_of_.size() || slot_of_[u] < 0) return;
+    auto& g = slots_[std::size_t(slot_of_[u])];
+    g.ready.wait();
+    backend_ops<B>::fill(g.data.span().first(padded), convert<C>(std::numeric_limits<float>::quiet_NaN()));
+    slot_of_[u] = -1;
+    g.unit = -1;
   }
   void wait_all() {
     for (auto& g : slots_) g.ready.wait();

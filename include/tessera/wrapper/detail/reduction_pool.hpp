@@ -65,6 +65,8 @@ public:
   void issue(int i, comm::request r, landing how, G* dst, std::size_t n, float post, bool overwrite) {
     flight_[std::size_t(i)] = {std::move(r), ++order_, how, dst, n, post, overwrite, true};
   }
+  //! Waits for slot i's reduction without landing it (complete() still does).
+  void wait(int i) { flight_[std::size_t(i)].req.wait(); }
   //! Waits for slot i's reduction, lands it, frees the slot; returns its unit.
   int complete(int i) {
     auto& f = flight_[std::size_t(i)];
