@@ -32,7 +32,7 @@ int main(int argc, char** argv) {
 #if TESSERA_CUDA_COMPILER
       return mlp_lm::run_cuda(o, world);
 #else
-      tessera::detail::fail("this build of tessera-mlp-lm has no CUDA backend (configure with CUDA)");
+      throw tessera::error("this build of tessera-mlp-lm has no CUDA backend (configure with CUDA)");
 #endif
     }
     mlp_lm::host_usage usage;

@@ -79,8 +79,8 @@ inline void agree_on_options(tessera::comm::mpi& world, const options& o) {
       std::istringstream a(mine), b(root);
       for (std::string x, y; std::getline(a, x) && std::getline(b, y);)
         if (x != y)
-          tessera::detail::fail("rank " + std::to_string(world.rank()) + " was started with --" + x + ", rank 0 with --" + y +
-                                "; every rank must get the same options");
+          throw tessera::error("rank " + std::to_string(world.rank()) + " was started with --" + x + ", rank 0 with --" + y +
+                               "; every rank must get the same options");
     }
   } catch (...) {
     err = std::current_exception();
@@ -107,7 +107,7 @@ inline void fault_hook(int rank, long step) {
   std::fflush(stderr);
   if (k == "stop") std::raise(SIGSTOP);
   else if (k == "kill") std::raise(SIGKILL);
-  else if (k == "error") tessera::detail::fail("TESSERA_TEST_FAULT: an error on rank " + std::to_string(rank) + " only");
+  else if (k == "error") throw tessera::error("TESSERA_TEST_FAULT: an error on rank " + std::to_string(rank) + " only");
   else if (k == "busy") for (volatile bool forever = true; forever;) {}
 }
 

@@ -13,9 +13,11 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "tessera/comm/trace.hpp"
+#include "tessera/core/checksum.hpp"
 #include "tessera/core/dtype.hpp"
 
 namespace tessera::comm::detail {
@@ -39,25 +41,12 @@ struct call_desc {
   return d;
 }
 
-//! FNV-1a over the descriptor's bytes.
-[[nodiscard]] inline std::uint64_t fingerprint(const call_desc& d) noexcept {
-  std::uint64_t h = 1469598103934665603ull;
-  auto mix = [&](const void* p, std::size_t n) {
-    for (std::size_t i = 0; i < n; ++i) h = (h ^ static_cast<const unsigned char*>(p)[i]) * 1099511628211ull;
-  };
-  mix(&d.seq, sizeof d.seq);
-  mix(&d.count, sizeof d.count);
-  mix(&d.type, sizeof d.type);
-  mix(d.op.data(), std::strlen(d.op.data()));
-  mix(d.label.data(), std::strlen(d.label.data()));
-  return h;
-}
+// Fixed size, zero-filled beyond each string, no padding: its bytes are its value.
+static_assert(std::has_unique_object_representations_v<call_desc>);
+[[nodiscard]] inline std::uint64_t fingerprint(const call_desc& d) noexcept { return checksum64::of(&d, sizeof d); }
 
 [[nodiscard]] inline std::string show(const call_desc& d) {
-  std::string s = std::string(d.op.data()) + " #" + std::to_string(d.seq) + " (" + std::to_string(d.count) + " x " +
-                  std::string(name_of(dtype(d.type)));
-  if (d.label[0]) s += std::string(", ") + d.label.data();
-  return s + ")";
+  return trace::call_text(d.op.data(), d.seq, d.count, dtype(d.type), d.label.data());
 }
 
 //! Runs the check. max2(int64[2]) all-reduces two values under max in place;

@@ -86,6 +86,16 @@ struct entry {
   state st = state::issued;
 };
 
+//! How a collective is named in every message and by the doctor:
+//! "all_reduce #17 (1024 x F32, gather layer.3)".
+[[nodiscard]] inline std::string call_text(const char* op, std::uint64_t seq, std::uint64_t count, dtype t,
+                                           const char* label) {
+  std::string s = std::string(op) + " #" + std::to_string(seq) + " (" + std::to_string(count) + " x " +
+                  std::string(name_of(t));
+  if (label && *label) s += std::string(", ") + label;
+  return s + ")";
+}
+
 //! Formats the current label into dst ("gather layer.3").
 inline void write_label(std::array<char, 72>& dst) noexcept {
   const auto& l = detail::current_label;
@@ -303,12 +313,8 @@ public:
     return {};
   }
 
-  //! "all_reduce #17 (1024 x f32, gather layer.3)".
   [[nodiscard]] static std::string describe(const entry& e) {
-    std::string s = std::string(e.op) + " #" + std::to_string(e.seq) + " (" + std::to_string(e.count) + " x " +
-                    std::string(name_of(e.type));
-    if (e.label[0]) s += std::string(", ") + e.label.data();
-    return s + ")";
+    return call_text(e.op, e.seq, e.count, e.type, e.label.data());
   }
 
   //! Where this process's trace file goes.
