@@ -209,6 +209,83 @@ BOOST_AUTO_TEST_CASE(pieces_tile_every_tensor_exactly_once) {
   BOOST_TEST(cases == 8 * 3 * 40);
 }
 
+// fsdp2's rows layout: every tensor split on dim 0 into blocks of
+// ceil(rows / world) rows, one per shard; pieces are whole rows, tile the
+// tensor once, and the copies between shard order and the compute layout
+// invert each other.
+BOOST_AUTO_TEST_CASE(rows_layout_gives_whole_rows_and_copies_round_trip) {
+  int cases = 0;
+  for (int world = 1; world <= 8; ++world)
+    for (std::size_t align : {std::size_t(1), std::size_t(3), std::size_t(16)})
+      for (int trial = 0; trial < 30; ++trial) {
+        std::vector<tensor_spec> specs;
+        const int nt = int((uniform(world, align, trial, 1) + 1) * 3.5);
+        for (int t = 0; t < nt; ++t) {
+          const auto a = std::int64_t((uniform(world, align, trial, t, 2) + 1) * 6);  // 0..11 rows
+          const auto b = std::int64_t((uniform(world, align, trial, t, 3) + 1) * 3);
+          switch (t % 5) {
+            case 0: specs.push_back({"t" + std::to_string(t), shape({a, b}), true}); break;
+            case 1: specs.push_back({"t" + std::to_string(t), shape({a}), false}); break;
+            case 2: specs.push_back({"t" + std::to_string(t), shape({}), false}); break;
+            case 3: specs.push_back({"t" + std::to_string(t), shape({a, 2, b}), true}); break;
+            default: specs.push_back({"t" + std::to_string(t), shape({a % 3, 0}), true}); break;
+          }
+        }
+        const unit_layout L("u", specs, world, align, layout_kind::rows);
+        BOOST_TEST_CONTEXT("world " << world << " align " << align << " trial " << trial) {
+          BOOST_TEST(L.shard_numel() % align == 0u);
+          BOOST_TEST(L.shard_numel() * std::size_t(world) == L.padded_numel());
+          BOOST_TEST(L.padded_numel() >= L.numel());
+          BOOST_TEST(L.permuted() == (world > 1));
+          std::vector<int> in_shard(L.padded_numel(), 0);
+          for (std::size_t t = 0; t < L.tensors().size(); ++t) {
+            const auto& s = L.tensors()[t];
+            BOOST_TEST(s.offset % align == 0u);
+            BOOST_TEST(s.shard_offset % align == 0u);
+            std::vector<int> seen(s.numel, 0);
+            for (int r = 0; r < world; ++r) {
+              const piece p = L.piece_of(t, r);
+              if (p.empty()) continue;
+              BOOST_TEST(p.tensor_begin == std::size_t(r) * s.rows_per_rank * s.row_numel);  // rank r's rows
+              BOOST_TEST(p.tensor_begin % s.row_numel == 0u);
+              BOOST_TEST(p.count % s.row_numel == 0u);  // whole rows
+              BOOST_TEST(p.count <= s.rows_per_rank * s.row_numel);
+              BOOST_TEST(p.shard_begin == s.shard_offset);
+              for (std::size_t i = 0; i < p.count; ++i) {
+                seen[p.tensor_begin + i]++;
+                in_shard[L.shard_begin(r) + p.shard_begin + i]++;
+              }
+            }
+            for (int c : seen) BOOST_TEST(c == 1);
+          }
+          for (int c : in_shard) BOOST_TEST(c <= 1);
+          // copy_in (compute -> shard order) then copy_out gives the tensors back, padding zero.
+          const auto seg = detail::row_segments(L);
+          std::vector<double> compute(L.padded_numel(), 0.0), wire(L.padded_numel(), -1.0), back(L.padded_numel(), -1.0);
+          for (const auto& s : L.tensors())
+            for (std::size_t i = 0; i < s.numel; ++i) compute[s.offset + i] = uniform(world, trial, s.offset, i) + 2.0;
+          backend_ops<backend::host>::for_each(
+              L.padded_numel(), detail::copy_in<double, double>{compute.data(), wire.data(), seg.data(), int(seg.size()),
+                                                                L.shard_numel(), 1.0f});
+          for (int r = 0; r < world; ++r)  // the shard holds each piece where piece_of says
+            for (std::size_t t = 0; t < L.tensors().size(); ++t) {
+              const piece p = L.piece_of(t, r);
+              for (std::size_t i = 0; i < p.count; ++i)
+                BOOST_TEST(wire[L.shard_begin(r) + p.shard_begin + i] ==
+                           float(compute[L.tensors()[t].offset + p.tensor_begin + i]));
+            }
+          for (std::size_t j = 0; j < wire.size(); ++j)
+            if (!in_shard[j]) BOOST_TEST(wire[j] == 0.0);  // padding written as zero
+          backend_ops<backend::host>::for_each(
+              L.padded_numel(), detail::copy_out<double>{wire.data(), back.data(), seg.data(), int(seg.size()),
+                                                         L.shard_numel()});
+          for (std::size_t c = 0; c < back.size(); ++c) BOOST_TEST(back[c] == double(float(compute[c])));
+        }
+        ++cases;
+      }
+  BOOST_TEST(cases == 8 * 3 * 30);
+}
+
 BOOST_AUTO_TEST_CASE(small_tensors_leave_empty_pieces) {
   const unit_layout L("u", {{"one", shape({1})}}, 5, 1);
   BOOST_TEST(L.padded_numel() == 5u);

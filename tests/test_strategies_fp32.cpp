@@ -12,7 +12,9 @@ using configs = std::tuple<
     config<no_shard, fsdp, F>, config<optim, fsdp, F>, config<optim_grads, fsdp, F>, config<optim_grads_params, fsdp, F>,
     config<optim_grads_params, fsdp, F, pre_divide>, config<optim_grads_params, fsdp, F, post_divide>,
     config<optim_grads_params, fsdp, F, sum>, config<optim_grads, ddp, F, pre_divide>, config<optim, ddp, F, sum>,
-    config<no_shard, ddp, F, post_divide>, config<no_shard, fsdp, F, sum>>;
+    config<no_shard, ddp, F, post_divide>, config<no_shard, fsdp, F, sum>,
+    config<optim_grads_params, fsdp2, F>, config<optim_grads_params, fsdp2, F, pre_divide>,
+    config<optim_grads_params, fsdp2, F, post_divide>, config<optim_grads_params, fsdp2, F, sum>>;
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(matches_single_rank_no_shard, Cfg, configs) {
   comm::mpi c;

@@ -52,7 +52,8 @@ inline int parse(int argc, char** argv, options& o) {
   app.add_flag("--lend-grad-shards", o.lend_grad_shards,
                "cuda backend: reduced gradient shards live in their own unit's activations between its backward and "
                "the next forward (less memory; --accum 1 under optim_grads and optim_grads_params)");
-  app.add_option("--wrapper", o.wrapper, "ddp or fsdp")->check(CLI::IsMember({"ddp", "fsdp"}));
+  app.add_option("--wrapper", o.wrapper, "ddp, fsdp (flat shards) or fsdp2 (per-parameter row shards; optim_grads_params)")
+      ->check(CLI::IsMember({"ddp", "fsdp", "fsdp2"}));
   app.add_option("--strategy", o.strategy, "no_shard, optim, optim_grads or optim_grads_params")
       ->check(CLI::IsMember({"no_shard", "optim", "optim_grads", "optim_grads_params"}));
   app.add_option("--precision", o.precision, "fp32, or bf16 (bf16 compute weights, fp32 main weights and grads)")
@@ -119,7 +120,8 @@ inline int parse(int argc, char** argv, options& o) {
   if (o.lend_grad_shards && o.accum > 1 && (o.strategy == "optim_grads" || o.strategy == "optim_grads_params"))
     return bad("--lend-grad-shards holds one micro-batch's reduction; use --accum 1 with --strategy " + o.strategy);
   if (!tessera::wrapper_supports(o.wrapper, o.strategy))
-    return bad("--wrapper ddp cannot shard parameters; use --wrapper fsdp for optim_grads_params");
+    return bad(o.wrapper == "ddp" ? "--wrapper ddp cannot shard parameters; use --wrapper fsdp or fsdp2 for optim_grads_params"
+                                   : "--wrapper fsdp2 runs optim_grads_params only; use --wrapper fsdp or ddp for " + o.strategy);
   return -1;
 }
 

@@ -330,6 +330,8 @@ int dispatch_strategy(const options& o, tessera::comm::mpi& world, Comm& comm, c
     if (o.strategy == "no_shard") return run.template operator()<no_shard, ddp>();
     if (o.strategy == "optim") return run.template operator()<optim, ddp>();
     if (o.strategy == "optim_grads") return run.template operator()<optim_grads, ddp>();
+  } else if (o.wrapper == "fsdp2") {
+    if (o.strategy == "optim_grads_params") return run.template operator()<optim_grads_params, fsdp2>();
   } else {
     if (o.strategy == "no_shard") return run.template operator()<no_shard, fsdp>();
     if (o.strategy == "optim") return run.template operator()<optim, fsdp>();

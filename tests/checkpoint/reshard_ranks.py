@@ -38,6 +38,15 @@ work = tempfile.mkdtemp(prefix='tessera-reshard-')
 try:
     ref = run(load_np, load_flags + ['--steps', str(2 * STEPS), '--dump-weights', f'{work}/ref.safetensors'])
     run(save_np, save_flags + ['--steps', str(STEPS), '--save', f'{work}/ckpt'])
+    if 'fsdp2' in save_flags:  # per-parameter row shards: every piece a rank wrote is whole rows
+        ckpt = os.path.join(work, 'ckpt', sorted(d for d in os.listdir(f'{work}/ckpt') if d.startswith('step'))[-1])
+        with open(os.path.join(ckpt, 'index.json')) as f:
+            index = json.load(f)
+        assert index['wrapper'] == 'fsdp2', index['wrapper']
+        for name, t in index['tensors'].items():
+            row = int(np.prod(t['shape'][1:])) if len(t['shape']) >= 2 else 1
+            for p in t['pieces']:
+                assert p['begin'] % row == 0 and p['count'] % row == 0, f'{name}: piece {p["begin"]}+{p["count"]} cuts a row of {row}'
     cont = run(load_np, load_flags + ['--steps', str(2 * STEPS), '--load', f'{work}/ckpt',
                                       '--dump-weights', f'{work}/cont.safetensors'])
     assert min(cont) == STEPS, f'resumed run starts at step {min(cont)}, not {STEPS}'

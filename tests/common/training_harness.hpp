@@ -1,7 +1,7 @@
 #pragma once
 // A small synthetic training run used by the strategy suites: awkward shapes
 // (tensors that do not divide the world size, tensors smaller than it, an
-// empty one), gradient accumulation, clipping and weight decay. Per-sample
+// empty one, a 0-d one, fewer rows than ranks), gradient accumulation, clipping and weight decay. Per-sample
 // gradients are deterministic functions of the compute weights and the global
 // sample index, so any world size that splits the same global batch must
 // reproduce the single-rank no_shard result.
@@ -23,9 +23,9 @@ struct unit_def {
 inline std::vector<unit_def> awkward_model() {
   using tessera::shape;
   return {
-      {"embed", {{"table", shape({7, 5}), true}, {"bias", shape({3}), false}}},
+      {"embed", {{"table", shape({7, 5}), true}, {"bias", shape({3}), false}, {"scale", shape({}), false}}},
       {"tiny", {{"one", shape({1}), false}, {"empty", shape({2, 0}), true}, {"m", shape({13}), true}}},
-      {"big", {{"w", shape({33, 3}), true}, {"b", shape({2}), false}}},
+      {"big", {{"w", shape({33, 3}), true}, {"few", shape({2, 2, 3}), true}, {"b", shape({2}), false}}},
   };
 }
 
@@ -155,6 +155,23 @@ run_result train(Comm& c, Alg alg, const run_params& p) {
   for (auto& pu : params)
     for (auto pid : pu) {
       auto v = model.get_param(pid);
+      // This rank's part of the parameter, through the public shard view: its
+      // whole rows under fsdp2.
+      const auto view = model.shards();
+      const piece q = view.range_piece(std::size_t(pid.unit), std::size_t(pid.index));
+      const auto local = view.local_main(pid);
+      std::vector<typename W::main_type> mine(local.size());
+      ops::copy_to_host(std::span(mine), std::span<const typename W::main_type>(local));
+      for (std::size_t i = 0; i < mine.size(); ++i) BOOST_TEST(mine[i] == v[q.tensor_begin + i]);
+      if constexpr (Cfg::wrapper::row_shards) {
+        const auto& slot = model.slot(pid);
+        const row_shard rs = view.rows(pid);
+        BOOST_TEST(rs.first_row == std::min(std::size_t(r) * ((slot.rows + N - 1) / N), slot.rows));
+        BOOST_TEST(rs.local_shape.numel() == local.size());
+        if (!q.empty()) BOOST_TEST(q.tensor_begin == rs.first_row * slot.row_numel);  // whole rows, from row first_row
+        if (slot.spec.shape.rank() >= 2)
+          for (std::size_t d = 1; d < slot.spec.shape.rank(); ++d) BOOST_TEST(rs.local_shape[d] == slot.spec.shape[d]);
+      }
       out.params.emplace_back(v.begin(), v.end());
     }
   return out;

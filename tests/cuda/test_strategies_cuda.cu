@@ -36,11 +36,13 @@ using fp32_configs = std::tuple<
     config<optim_grads, ddp, F, average_in_collective, B>, config<no_shard, fsdp, F, average_in_collective, B>,
     config<optim, fsdp, F, average_in_collective, B>, config<optim_grads, fsdp, F, average_in_collective, B>,
     config<optim_grads_params, fsdp, F, average_in_collective, B>, config<optim_grads_params, fsdp, F, pre_divide, B>,
-    config<optim_grads, ddp, F, post_divide, B>, config<optim_grads_params, fsdp, F, sum, B>>;
+    config<optim_grads, ddp, F, post_divide, B>, config<optim_grads_params, fsdp, F, sum, B>,
+    config<optim_grads_params, fsdp2, F, average_in_collective, B>, config<optim_grads_params, fsdp2, F, pre_divide, B>>;
 using bf16_configs = std::tuple<
     config<no_shard, ddp, MP, average_in_collective, B>, config<optim, ddp, MP, average_in_collective, B>,
     config<optim_grads, fsdp, MP, average_in_collective, B>, config<optim_grads_params, fsdp, MP, average_in_collective, B>,
-    config<optim_grads_params, fsdp, MPW, average_in_collective, B>, config<optim, fsdp, MPW, post_divide, B>>;
+    config<optim_grads_params, fsdp, MPW, average_in_collective, B>, config<optim, fsdp, MPW, post_divide, B>,
+    config<optim_grads_params, fsdp2, MP, average_in_collective, B>, config<optim_grads_params, fsdp2, MPW, sum, B>>;
 
 // Over staged MPI at every world size, and over NCCL where it can run.
 template <class Cfg>

@@ -14,6 +14,8 @@ check() {
 }
 check --strategy zero4
 check --wrapper ddp --strategy optim_grads_params
+check --wrapper fsdp2 --strategy optim
+check --wrapper fsdp3
 check --d 30 --ctx 8
 check --tokens 100 --accum 3
 check --precision fp8

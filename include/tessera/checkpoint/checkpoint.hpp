@@ -349,13 +349,11 @@ load_result load(Opt& opt, const fs::path& dir) {
     std::vector<unsigned char> buf;
     for (std::size_t u = 0; u < layouts.size(); ++u) {
       const auto& L = layouts[u];
-      const auto [lo, n] = e.opt_range(u);
-      staged[u].assign(std::size_t(S), std::vector<M>(n, M{}));
+      staged[u].assign(std::size_t(S), std::vector<M>(e.opt_range(u).second, M{}));
       for (std::size_t t = 0; t < L.tensors().size(); ++t) {
-        const auto& slot = L.tensors()[t];
-        const std::size_t a = std::max(slot.offset, lo), b = std::min(slot.offset + slot.numel, lo + n);
-        if (a >= b) continue;
-        const std::uint64_t ta = a - slot.offset, tb = b - slot.offset;  // tensor elements wanted
+        const piece want = e.range_piece(u, t);
+        if (want.empty()) continue;
+        const std::uint64_t ta = want.tensor_begin, tb = want.tensor_begin + want.count;  // tensor elements wanted
         const std::string key = detail::key_of(L, t);
         for (const auto& pi : x.tensors.at(key).pieces) {
           const std::uint64_t pa = std::max<std::uint64_t>(pi.begin, ta), pb = std::min<std::uint64_t>(pi.begin + pi.count, tb);
@@ -364,7 +362,7 @@ load_result load(Opt& opt, const fs::path& dir) {
           for (int s = 0; s < S; ++s) {
             buf.resize(std::size_t(pi.ranges[std::size_t(s)].bytes));
             read_piece(f, x.tensors.at(key), pi, std::size_t(s), buf.data(), where);
-            std::memcpy(staged[u][std::size_t(s)].data() + (slot.offset + pa - lo),
+            std::memcpy(staged[u][std::size_t(s)].data() + (want.shard_begin + (pa - ta)),
                         buf.data() + (pa - pi.begin) * sizeof(M), std::size_t(pb - pa) * sizeof(M));
           }
         }

@@ -4,7 +4,8 @@
 //! Collectives run on the communicator's own stream. Before each, that stream
 //! waits for an event recorded on the caller's compute stream
 //! (cuda::current_stream()), so the inputs are ready; the returned request's
-//! wait() makes the compute stream wait for the collective's completion event.
+//! wait() makes the stream current at the call (the compute stream, or a side
+//! stream of backend_ops::after) wait for the collective's completion event.
 //! No host synchronisation anywhere: "blocking" forms are ordered on the
 //! device the same way and return at once.
 //!
@@ -407,9 +408,9 @@ private:
       rec.complete(tk, false);
       throw;
     }
-    return request([this, done, compute, what, n, t] {
+    return request([this, done, what, n, t] {
       throw_if_aborted(what, n, t);
-      done->wait_on(compute);
+      done->wait_on(cuda::current_stream());  // the stream current at wait() (backend_ops::after waits on a side stream)
     });
   }
 

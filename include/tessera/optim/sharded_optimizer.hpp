@@ -64,11 +64,12 @@ public:
       const std::size_t granules = (n + (std::size_t(1) << shift) - 1) >> shift;
       std::vector<std::uint32_t> bits((granules + 31) / 32, ~0u);
       bool any_exempt = false;
-      for (const auto& t : L.tensors()) {
-        const std::size_t a = std::max(t.offset, lo), z = std::min(t.offset + t.numel, lo + n);
-        if (a >= z || t.spec.weight_decay) continue;
+      for (std::size_t t = 0; t < L.tensors().size(); ++t) {
+        const piece p = e_.range_piece(u, t);  // the tensor's part of the range, range-relative
+        if (p.empty() || L.tensors()[t].spec.weight_decay) continue;
         any_exempt = true;
-        for (std::size_t gi = (a - lo) >> shift; gi <= (z - 1 - lo) >> shift; ++gi) bits[gi >> 5] &= ~(1u << (gi & 31));
+        for (std::size_t gi = p.shard_begin >> shift; gi <= (p.shard_begin + p.count - 1) >> shift; ++gi)
+          bits[gi >> 5] &= ~(1u << (gi & 31));
       }
       if (any_exempt) {
         st.decay_bits = buffer<std::uint32_t>(bits.size());

@@ -21,6 +21,7 @@ template <class S> constexpr bool shards_params_or_false() {
   if constexpr (sharding_strategy<S>) return S::shards_params;
   else return false;
 }
+
 template <class P> struct precision_types {
   using compute = float; using main = float; using grad = float; using wire = float;
 };
@@ -41,12 +42,18 @@ template <class P> struct is_backend : std::bool_constant<backend_policy<P>> {};
 template <class P> constexpr bool is_optional_policy = precision_policy<P> || averaging_policy<P> || backend_policy<P>;
 }  // namespace detail
 
-//! Whether wrapper W can run strategy S: DistributedDataParallel keeps
-//! replicated compute weights, so it cannot shard parameters. The one place
-//! this rule is judged; config, the wrappers and programs that pick at run
-//! time (wrapper_supports by name) all ask it.
+//! Whether wrapper W can run strategy S. DistributedDataParallel keeps
+//! replicated compute weights, so it cannot shard parameters. fsdp2 is
+//! PyTorch FSDP2: ZeRO-3, optim_grads_params only (FSDP2's
+//! reshard_after_forward=False, its ZeRO-2, is optim_grads_params with
+//! wrapper_options::gather_buffers >= the number of units: a unit gathered in
+//! forward stays gathered for its backward); replicated weights are ddp's and
+//! fsdp's. The one place these rules are judged; config, the wrappers and
+//! programs that pick at run time (wrapper_supports by name) all ask it.
 template <class W, class S>
-inline constexpr bool wrapper_supports_v = !(std::is_same_v<W, ddp> && detail::shards_params_or_false<S>());
+inline constexpr bool wrapper_supports_v =
+    !(std::is_same_v<W, ddp> && detail::shards_params_or_false<S>()) &&
+    !(std::is_same_v<W, fsdp2> && sharding_strategy<S> && !detail::shards_params_or_false<S>());
 //! wrapper_supports_v by the policies' names ("ddp", "optim_grads_params", ...).
 [[nodiscard]] constexpr bool wrapper_supports(std::string_view wrapper, std::string_view strategy) noexcept {
   const auto by = [&]<class W>(W*) {
@@ -56,7 +63,7 @@ inline constexpr bool wrapper_supports_v = !(std::is_same_v<W, ddp> && detail::s
             (strategy != optim_grads::name || wrapper_supports_v<W, optim_grads>) &&
             (strategy != optim_grads_params::name || wrapper_supports_v<W, optim_grads_params>));
   };
-  return by(static_cast<ddp*>(nullptr)) && by(static_cast<fsdp*>(nullptr));
+  return by(static_cast<ddp*>(nullptr)) && by(static_cast<fsdp*>(nullptr)) && by(static_cast<fsdp2*>(nullptr));
 }
 
 //! The compile-time description of a data-parallel setup: a strategy, a
@@ -71,11 +78,16 @@ struct config {
                 "tessera: the strategy argument is not a tessera sharding strategy; "
                 "choose no_shard, optim, optim_grads or optim_grads_params");
   static_assert(wrapper_policy<Wrapper>,
-                "tessera: the wrapper argument is not a tessera wrapper policy; choose ddp or fsdp");
-  static_assert(wrapper_supports_v<Wrapper, Strategy>,
+                "tessera: the wrapper argument is not a tessera wrapper policy; choose ddp, fsdp or fsdp2");
+  static_assert(!std::is_same_v<Wrapper, ddp> || wrapper_supports_v<Wrapper, Strategy>,
                 "tessera: DistributedDataParallel keeps replicated compute weights and cannot "
-                "shard parameters; choose the fsdp wrapper for optim_grads_params, or the "
+                "shard parameters; choose the fsdp or fsdp2 wrapper for optim_grads_params, or the "
                 "optim_grads strategy with ddp");
+  static_assert(!std::is_same_v<Wrapper, fsdp2> || wrapper_supports_v<Wrapper, Strategy>,
+                "tessera: fsdp2 (FSDP2's per-parameter row shards) runs optim_grads_params only: FSDP2 is "
+                "ZeRO-3, and its reshard_after_forward=False is optim_grads_params with "
+                "wrapper_options::gather_buffers >= the number of units; choose ddp or fsdp for no_shard, "
+                "optim and optim_grads");
 
 private:
   static constexpr int precisions = (0 + ... + int(precision_policy<Policies>));

@@ -1,8 +1,17 @@
 #pragma once
-//! \file The flat layout: tensors packed into units, each unit one flat buffer
+//! \file Unit layouts: tensors packed into units, each unit one flat buffer
 //! padded to a multiple of world_size x alignment and split into equal,
-//! contiguous shards, one per rank. A tensor's piece on a rank is the
-//! intersection of its range with the rank's shard (possibly empty).
+//! contiguous shards, one per rank (what the collectives move).
+//!
+//! Two kinds. `flat` (fsdp, ddp): the shards are consecutive ranges of the
+//! tensors packed end to end, so a tensor's piece on a rank is the
+//! intersection of its range with the rank's shard and may start mid-row.
+//! `rows` (fsdp2, PyTorch FSDP2's layout): every tensor is split on dim 0 into
+//! world blocks of ceil(rows / world) rows (a 0-d or 1-d tensor as a vector),
+//! and each shard holds one block of every tensor, so a rank's piece is whole
+//! rows. The gathered buffer (rank 0's shard, rank 1's, ...) then interleaves
+//! the tensors; the *compute* layout the trainer sees (tensor_slot::offset)
+//! keeps each tensor contiguous, and the wrapper copies between the two.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -23,11 +32,20 @@ struct tensor_spec {
   bool weight_decay = true;  //!< false for biases and norms (AdamW / SGD skip decay on it)
 };
 
-//! A tensor's place in its unit's flat buffer.
+//! How a unit's tensors are split over ranks (see the file comment).
+enum class layout_kind { flat, rows };
+
+//! A tensor's place in its unit's buffers.
 struct tensor_slot {
   tensor_spec spec;
-  std::size_t offset = 0;  //!< first element in the unit's flat buffer (aligned)
+  std::size_t offset = 0;  //!< first element in the unit's (gathered, compute) buffer (aligned)
   std::size_t numel = 0;
+  // rows layout only:
+  std::size_t rows = 0;           //!< dim 0 (the element count for 0-d and 1-d tensors)
+  std::size_t row_numel = 1;      //!< elements per row (0 where a trailing extent is 0)
+  std::size_t rows_per_rank = 0;  //!< ceil(rows / world): rank r holds rows [r x this, ...) that exist
+  std::size_t block = 0;          //!< elements of the tensor's block in every shard: rows_per_rank rows
+  std::size_t shard_offset = 0;  //!< where that block starts in each shard (aligned)
 };
 
 //! The part of one tensor that one rank's shard holds: tensor elements
@@ -40,27 +58,48 @@ struct piece {
 //! One unit: named tensors in one flat buffer, and its split over `world` ranks.
 class unit_layout {
 public:
-  unit_layout(std::string name, std::vector<tensor_spec> specs, int world, std::size_t alignment)
-      : name_(std::move(name)), world_(world), alignment_(alignment) {
+  unit_layout(std::string name, std::vector<tensor_spec> specs, int world, std::size_t alignment,
+              layout_kind kind = layout_kind::flat)
+      : name_(std::move(name)), world_(world), alignment_(alignment), kind_(kind) {
     TESSERA_CHECK(world >= 1, "world size ", world, " for unit '", name_, "'");
     TESSERA_CHECK(alignment >= 1, "alignment 0 for unit '", name_, "'");
-    std::size_t off = 0;
+    std::size_t off = 0, in_shard = 0;
     for (auto& s : specs) {
       tensor_slot t{std::move(s), round_up(off, alignment), 0};
       t.numel = t.spec.shape.numel();
       off = t.offset + t.numel;
+      if (kind == layout_kind::rows) {
+        const auto& e = t.spec.shape.extents();
+        t.rows = e.size() <= 1 ? t.numel : std::size_t(e[0]);
+        t.row_numel = 1;
+        for (std::size_t d = 1; d < e.size(); ++d) t.row_numel *= std::size_t(e[d]);
+        t.rows_per_rank = ceil_div(t.rows, std::size_t(world));
+        t.block = t.rows_per_rank * t.row_numel;
+        t.shard_offset = round_up(in_shard, alignment);
+        in_shard = t.shard_offset + t.block;
+      }
       tensors_.push_back(std::move(t));
     }
     numel_ = off;
-    padded_ = round_up(std::max<std::size_t>(off, 1), std::size_t(world) * alignment);
-    shard_ = padded_ / std::size_t(world);
+    if (kind == layout_kind::rows) {
+      // N blocks of ceil(rows / N) rows hold every tensor, so N x shard >= the compute layout's numel.
+      shard_ = round_up(std::max<std::size_t>(in_shard, 1), alignment);
+      padded_ = shard_ * std::size_t(world);
+    } else {
+      padded_ = round_up(std::max<std::size_t>(off, 1), std::size_t(world) * alignment);
+      shard_ = padded_ / std::size_t(world);
+    }
   }
 
   [[nodiscard]] const std::string& name() const noexcept { return name_; }
   [[nodiscard]] const std::vector<tensor_slot>& tensors() const noexcept { return tensors_; }
   [[nodiscard]] int world() const noexcept { return world_; }
   [[nodiscard]] std::size_t alignment() const noexcept { return alignment_; }
-  //! Elements up to the end of the last tensor.
+  [[nodiscard]] layout_kind kind() const noexcept { return kind_; }
+  //! Whether the gathered buffer differs from the compute layout (rows over
+  //! several ranks), so gathers are copied out and gradients copied in.
+  [[nodiscard]] bool permuted() const noexcept { return kind_ == layout_kind::rows && world_ > 1; }
+  //! Elements up to the end of the last tensor in the compute layout.
   [[nodiscard]] std::size_t numel() const noexcept { return numel_; }
   //! Flat buffer size: numel rounded up to world x alignment (never 0).
   [[nodiscard]] std::size_t padded_numel() const noexcept { return padded_; }
@@ -72,6 +111,11 @@ public:
   //! Tensor t's piece on rank r.
   [[nodiscard]] piece piece_of(std::size_t t, int r) const {
     const auto& s = tensors_.at(t);
+    if (kind_ == layout_kind::rows) {
+      const std::size_t begin = std::size_t(r) * s.block;  // == first row x row_numel
+      if (begin >= s.numel) return {};
+      return {begin, s.shard_offset, std::min(s.block, s.numel - begin)};
+    }
     const std::size_t lo = std::max(s.offset, shard_begin(r));
     const std::size_t hi = std::min(s.offset + s.numel, shard_begin(r) + shard_);
     if (lo >= hi) return {};
@@ -89,6 +133,7 @@ private:
   std::vector<tensor_slot> tensors_;
   int world_;
   std::size_t alignment_, numel_ = 0, padded_ = 0, shard_ = 0;
+  layout_kind kind_ = layout_kind::flat;
 };
 
 //! A 64-bit FNV-1a digest of the layout (names, shapes, decay flags, world),
@@ -109,6 +154,8 @@ private:
       const char d = t.spec.weight_decay;
       mix(&d, 1);
     }
+    const char k = char(u.kind());
+    mix(&k, 1);
     mix("\1", 1);
   }
   return h;

@@ -1,5 +1,5 @@
 #pragma once
-//! \file DistributedDataParallel, FullyShardedDataParallel and data_parallel_t.
+//! \file DistributedDataParallel, FullyShardedDataParallel, FullyShardedDataParallel2 and data_parallel_t.
 //!
 //! A trainer registers units and their parameters, calls finalize(), sets the
 //! initial values, then per step and micro-batch:
@@ -7,6 +7,7 @@
 //!   forward:  { auto s = model.gather(u); ... s.weight(p) ... }            // unit by unit
 //!   backward: { auto s = model.gather(u); ... write s.grad(p) ...; s.reduce_grads(); }
 //! and finally optimizer.step() (which calls finish_grad_sync()).
+#include <algorithm>
 #include <span>
 #include <string>
 #include <vector>
@@ -108,12 +109,22 @@ public:
   [[nodiscard]] std::vector<main_type> get_param(param_id p) {
     const auto& s = e_.registry().slot(p);
     const std::vector<main_type> unit = e_.gather_main(std::size_t(p.unit));
-    return {unit.begin() + std::ptrdiff_t(s.offset), unit.begin() + std::ptrdiff_t(s.offset + s.numel)};
+    if constexpr (!strategy::shards_optimizer) {
+      return {unit.begin() + std::ptrdiff_t(s.offset), unit.begin() + std::ptrdiff_t(s.offset + s.numel)};
+    } else {  // shard order: each rank's piece from its shard
+      const auto& L = e_.layout(std::size_t(p.unit));
+      std::vector<main_type> v(s.numel);
+      for (int r = 0; r < L.world(); ++r)
+        if (const piece q = L.piece_of(std::size_t(p.index), r); !q.empty())
+          std::copy_n(unit.begin() + std::ptrdiff_t(L.shard_begin(r) + q.shard_begin), q.count,
+                      v.begin() + std::ptrdiff_t(q.tensor_begin));
+      return v;
+    }
   }
   [[nodiscard]] param_id find(unit_id u, std::string_view name) const { return e_.registry().find(u, name); }
-  //! Unit u's flat layout: its tensors' offsets, its padding and each rank's shard.
+  //! Unit u's layout: its tensors' offsets, its padding and each rank's shard.
   [[nodiscard]] const unit_layout& layout(unit_id u) const { return check_unit(u), e_.layout(std::size_t(u.index)); }
-  //! A parameter's name, shape, offset and size in its unit's flat buffer.
+  //! A parameter's name, shape, offset and size in its unit's (gathered) buffer.
   [[nodiscard]] const tensor_slot& slot(param_id p) const { return e_.registry().slot(p); }
 
   [[nodiscard]] unit_scope gather(unit_id u) {
@@ -184,10 +195,30 @@ public:
   using detail::data_parallel_base<Cfg>::data_parallel_base;
 };
 
+//! FSDP2-style wrapper (PyTorch's fully_shard): every parameter is split on
+//! dim 0, so a rank's shard of it is whole rows (shard_view::rows). Units are
+//! gathered and reduced in one collective each, like fsdp's, in shard order,
+//! and copied out into whole tensors after a gather (off the compute stream)
+//! and into shard order before a reduction (fused with the conversion to the
+//! wire type). optim_grads_params only.
+template <config_type Cfg>
+class FullyShardedDataParallel2 : public detail::data_parallel_base<Cfg> {
+  static_assert(wrapper_supports_v<fsdp2, typename Cfg::strategy>,
+                "tessera: FullyShardedDataParallel2 (fsdp2) runs optim_grads_params only; choose "
+                "FullyShardedDataParallel or DistributedDataParallel for no_shard, optim and optim_grads");
+  static_assert(std::is_same_v<typename Cfg::wrapper, fsdp2>,
+                "tessera: FullyShardedDataParallel2 needs a config whose wrapper is fsdp2 "
+                "(config<optim_grads_params, fsdp2, ...>): the config's wrapper policy decides the shard layout");
+
+public:
+  using detail::data_parallel_base<Cfg>::data_parallel_base;
+};
+
 namespace detail {
 template <class Cfg, class W = typename Cfg::wrapper> struct pick_wrapper;
 template <class Cfg> struct pick_wrapper<Cfg, ddp> { using type = DistributedDataParallel<Cfg>; };
 template <class Cfg> struct pick_wrapper<Cfg, fsdp> { using type = FullyShardedDataParallel<Cfg>; };
+template <class Cfg> struct pick_wrapper<Cfg, fsdp2> { using type = FullyShardedDataParallel2<Cfg>; };
 }  // namespace detail
 
 //! The wrapper a config selects.

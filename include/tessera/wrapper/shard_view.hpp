@@ -6,7 +6,9 @@
 //! buffers over this rank's optimizer range (main weights, reduced gradients),
 //! and drives the end of a step (finish the gradient sync, publish new
 //! weights, zero gradients). It is a reference: the wrapper must outlive it.
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <utility>
 #include <vector>
@@ -22,6 +24,12 @@ namespace tessera {
 namespace detail {
 template <config_type Cfg> class data_parallel_base;
 }
+
+//! A rank's rows of one parameter (shard_view::rows).
+struct row_shard {
+  std::size_t first_row = 0, rows = 0;
+  shape local_shape;
+};
 
 template <config_type Cfg>
 class shard_view {
@@ -42,16 +50,56 @@ public:
   //! The wrapper's communicator (collectives over the data-parallel ranks).
   [[nodiscard]] comm::handle<backend_type>& communicator() const noexcept { return e_->communicator(); }
   [[nodiscard]] std::size_t num_units() const noexcept { return e_->registry().num_units(); }
-  //! Every unit's flat layout: its tensors' offsets, padding and each rank's shard.
+  //! Every unit's layout: its tensors' offsets, padding and each rank's shard.
   [[nodiscard]] const std::vector<unit_layout>& layouts() const { return e_->registry().layouts(); }
   [[nodiscard]] const unit_layout& layout(std::size_t u) const { return e_->layout(u); }
-  //! A parameter's name, shape, offset and size in its unit's flat buffer.
+  //! A parameter's name, shape, offset and size in its unit's (gathered) buffer.
   [[nodiscard]] const tensor_slot& slot(param_id p) const { return e_->registry().slot(p); }
   //! [first element, count) of this rank's optimizer range in unit u's flat
   //! buffer: its shard where the optimizer is sharded, the whole padded unit
   //! under no_shard.
   [[nodiscard]] std::pair<std::size_t, std::size_t> opt_range(std::size_t u) const {
     return e_->store().opt_range(checked(u));
+  }
+
+  //! Tensor t of unit u within this rank's optimizer range: tensor elements
+  //! [tensor_begin, +count) at range elements [shard_begin, +count) (relative
+  //! to the range; empty where this rank holds none of it).
+  [[nodiscard]] piece range_piece(std::size_t u, std::size_t t) const {
+    return detail::storage<Cfg>::range_piece(layout(u), t, rank());
+  }
+
+  //! This rank's rows of parameter p under fsdp2: rows [first_row, first_row
+  //! + rows) on dim 0 (a 0-d or 1-d tensor counts elements as rows), and the
+  //! local tensor's shape (those rows and the trailing extents). local_main(p)
+  //! and local_grads(p) hold them, row-major. Empty where the tensor has fewer
+  //! rows than there are ranks and this rank's block lies past its end.
+  [[nodiscard]] row_shard rows(param_id p) const {
+    static_assert(Cfg::wrapper::row_shards,
+                  "tessera: shard_view::rows needs whole-row shards, which the fsdp2 wrapper makes; fsdp and ddp "
+                  "cut flat shards that may start mid-row (use range_piece for those)");
+    const auto& s = slot(p);
+    row_shard out;
+    out.first_row = std::min(std::size_t(rank()) * s.rows_per_rank, s.rows);
+    out.rows = std::min(s.rows_per_rank, s.rows - out.first_row);
+    auto e = s.spec.shape.extents();
+    if (e.empty()) e = {std::int64_t(out.rows)};  // 0-d: one row of one element, or none
+    else e[0] = std::int64_t(out.rows);
+    if (s.spec.shape.rank() == 0 && out.rows == 1) e.clear();
+    out.local_shape = shape(std::move(e));
+    return out;
+  }
+  //! Main weights of this rank's part of parameter p (its rows under fsdp2;
+  //! a flat piece under fsdp; the whole tensor under no_shard): tensor
+  //! elements from range_piece(p).tensor_begin on.
+  [[nodiscard]] std::span<main_type> local_main(param_id p) const {
+    const piece q = range_piece(std::size_t(p.unit), std::size_t(p.index));
+    return main_weights(std::size_t(p.unit)).subspan(q.shard_begin, q.count);
+  }
+  //! Reduced gradients of the same elements (final after finish_grad_sync).
+  [[nodiscard]] std::span<grad_type> local_grads(param_id p) const {
+    const piece q = range_piece(std::size_t(p.unit), std::size_t(p.index));
+    return opt_grads(std::size_t(p.unit)).subspan(q.shard_begin, q.count);
   }
 
   // ---- buffers over this rank's optimizer range ---------------------------------

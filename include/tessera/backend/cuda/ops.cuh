@@ -18,7 +18,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cub/block/block_reduce.cuh>
+#include <memory>
 #include <span>
+#include <vector>
 
 #include "tessera/backend/cuda/buffer.hpp"
 #include "tessera/backend/cuda/stream.hpp"
@@ -196,7 +198,47 @@ struct backend_ops<backend::cuda> {
     TESSERA_CUDA(cudaGetLastError());
   }
 
+  //! Work that must follow an asynchronous operation, off the compute stream:
+  //! a side stream waits for the compute stream's work so far, then `wait()`
+  //! (a request's wait: the current stream waits for it) and `then()` (kernels
+  //! on the current stream) are queued there at once. Returns a callable that
+  //! makes the caller's current stream wait for all of it. So a gather's
+  //! copy-out runs as soon as the gather lands, while the compute stream works
+  //! on the unit before; the host does not wait.
+  template <class Wait, class Then> static auto after(Wait wait, Then then) {
+    auto& side = detail_side();
+    const cudaStream_t compute = cuda::current_stream();
+    side.ready.record(compute);
+    side.ready.wait_on(side.stream.get());
+    {
+      struct restore {
+        cudaStream_t s;
+        ~restore() { cuda::set_current_stream(s); }
+      } guard{cuda::set_current_stream(side.stream.get())};
+      wait();
+      then();
+    }
+    std::shared_ptr<cuda::event> done;
+    for (auto& e : side.done)
+      if (e.use_count() == 1) done = e;  // no pending callable holds it
+    if (!done) done = side.done.emplace_back(std::make_shared<cuda::event>());
+    done->record(side.stream.get());
+    return [done] { done->wait_on(cuda::current_stream()); };
+  }
+
   static void synchronize() { TESSERA_CUDA(cudaStreamSynchronize(cuda::current_stream())); }
+
+private:
+  // after()'s side stream and events, one set per host thread (streams are per thread's work).
+  struct side_stream {
+    cuda::stream stream;
+    cuda::event ready;
+    std::vector<std::shared_ptr<cuda::event>> done;
+  };
+  static side_stream& detail_side() {
+    thread_local side_stream s;
+    return s;
+  }
 };
 
 }  // namespace tessera

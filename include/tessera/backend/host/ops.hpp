@@ -1,6 +1,7 @@
 #pragma once
 //! \file backend_ops<backend::host>: plain loops on the calling thread.
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <cstring>
 #include <span>
@@ -52,6 +53,16 @@ struct backend_ops<backend::host> {
     }
     acc[0] += s;
     acc[1] += bad;
+  }
+
+  //! Work that must follow an asynchronous operation: returns a callable that
+  //! waits for it (`wait`) and then runs `then`. Here both run when the
+  //! callable is called; the CUDA backend queues them at once on a side stream.
+  template <class Wait, class Then> static auto after(Wait wait, Then then) {
+    return [wait = std::move(wait), then = std::move(then)]() mutable {
+      wait();
+      then();
+    };
   }
 
   static void synchronize() noexcept {}

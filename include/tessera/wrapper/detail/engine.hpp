@@ -27,6 +27,7 @@
 #include "tessera/wrapper/detail/gather_pool.hpp"
 #include "tessera/wrapper/detail/reduction_pool.hpp"
 #include "tessera/wrapper/detail/registry.hpp"
+#include "tessera/wrapper/detail/row_copy.hpp"
 #include "tessera/wrapper/detail/storage.hpp"
 #include "tessera/wrapper/detail/unit_store.hpp"
 #include "tessera/wrapper/options.hpp"
@@ -70,8 +71,14 @@ public:
   //! Fixes the layout, checks that every rank registered the same model
   //! (collective), and allocates. Parameters start at zero.
   void finalize() {
-    reg_.finalize(comm_, opt_.alignment, config_text());
+    reg_.finalize(comm_, opt_.alignment, config_text(),
+                  Cfg::wrapper::row_shards ? layout_kind::rows : layout_kind::flat);
     solo_ = rules::solo(comm_.size());
+    for (const auto& L : reg_.layouts()) {  // what the rows layout's copies need, in backend memory
+      const auto v = row_segments(L);
+      segments_.emplace_back(L.permuted() ? v.size() : 0);
+      if (L.permuted() && !v.empty()) ops::copy_from_host(segments_.back().span(), std::span<const row_segment>(v));
+    }
     plan_ = rules::plan(reg_.layouts(), comm_.size(), opt_);
     store_.allocate(reg_, comm_, solo_, opt_.lend_grad_shards);
     units_.resize(store_.size());
@@ -92,7 +99,7 @@ public:
                   " values for shape ", s.spec.shape.str(), " (", s.numel, " elements)");
     store_[std::size_t(p.unit)].weights_ready.wait();
     invalidate_gathered();
-    store_.set_param(s, std::size_t(p.unit), full);
+    store_.set_param(std::size_t(p.unit), std::size_t(p.index), full);
   }
   //! The whole padded unit of main weights on every rank's host. Collective.
   [[nodiscard]] std::vector<M> gather_main(std::size_t u) {
@@ -333,12 +340,13 @@ private:
       max_padded = std::max(max_padded, L.padded_numel());
       max_shard = std::max(max_shard, L.shard_numel());
     }
+    const bool permuted = reg_.layouts().front().permuted();
     slots_ = pool_type(opt_.grad_buffers, strategy::shards_grads ? max_padded : 0,
-                       rules::wire_is_grad ? 0 : max_padded,
+                       rules::needs_wire(permuted) ? max_padded : 0,
                        strategy::shards_optimizer && !rules::wire_is_grad ? max_shard : 0);
     poison_.assign(std::size_t(opt_.grad_buffers), poison_state{});
     if constexpr (strategy::shards_params)
-      gathers_ = gather_pool<C, backend_type>(comm_, opt_.gather_buffers, max_padded, units_.size());
+      gathers_ = gather_pool<C, backend_type>(comm_, opt_.gather_buffers, max_padded, units_.size(), permuted);
   }
 
   // Converts src into the slot's wire buffer (pre-dividing) and starts the
@@ -351,7 +359,11 @@ private:
     const auto op = std::is_same_v<typename Cfg::averaging, average_in_collective> ? comm::reduce_op::avg
                                                                                     : comm::reduce_op::sum;
     W* send;
-    if constexpr (rules::wire_is_grad) {
+    if (L.permuted()) {  // rows layout: into shard order, converted and scaled in the same pass
+      send = slots_[s].wire.data();
+      ops::for_each(L.padded_numel(), copy_in<W, G>{src.data(), send, segments_[u].data(), int(segments_[u].size()),
+                                                    L.shard_numel(), pre});
+    } else if constexpr (rules::wire_is_grad) {
       if (pre != 1.0f) ops::for_each(src.size(), scale_convert<G, G>{src.data(), src.data(), pre});
       send = src.data();
     } else {
@@ -440,7 +452,12 @@ private:
   void start_gather(std::size_t u, bool for_prefetch) {
     const auto held = [this](std::size_t v) { return units_[v].holders > 0; };
     comm::label lbl(for_prefetch ? "prefetch" : "gather", layout(u).name().c_str());
-    if (gathers_.start(u, store_[u].weights.data(), layout(u).shard_numel(), held)) return;
+    const auto& L = layout(u);
+    const auto copy = [seg = segments_[u].data(), nseg = int(segments_[u].size()), shard = L.shard_numel(),
+                       padded = L.padded_numel()](const C* gathered, C* out) {
+      ops::for_each(padded, copy_out<C>{gathered, out, seg, nseg, shard});
+    };
+    if (gathers_.start(u, store_[u].weights.data(), L.shard_numel(), held, copy)) return;
     if (for_prefetch) return;  // every buffer in use: skip the prefetch
     fail("gather('" + layout(u).name() + "'): all " + std::to_string(gathers_.size()) +
          " gather buffers are held by live scopes; release one or raise wrapper_options.gather_buffers");
@@ -494,6 +511,7 @@ private:
   std::vector<unit_state> units_;
   pool_type slots_;
   std::vector<poison_state> poison_;  // per reduction slot (poison_released)
+  std::vector<typename ops::template buffer<row_segment>> segments_;  // per unit, where its layout is permuted
   gather_pool<C, backend_type> gathers_;
   memory_plan plan_;
   bool grads_ready_ = false, mb_open_ = false, solo_ = false;

@@ -3,12 +3,17 @@
 //! units into, and which unit each holds. A gathered copy stays valid until
 //! the weights change, so a unit gathered again soon (forward, then backward)
 //! costs nothing; a new gather takes a free buffer, else the least recently
-//! used one that no live scope holds.
+//! used one that no live scope holds. Under a rows layout (fsdp2) each buffer
+//! has a second one in the compute layout, which a copy-out fills as soon as
+//! the all-gather lands (backend_ops::after), off the compute stream.
 #include <cstddef>
 #include <cstdint>
-#include <span>
 #include <limits>
+#include <memory>
+#include <span>
 #include <vector>
+
+#include "tessera/backend/ops.hpp"
 
 #include "tessera/comm/communicator.hpp"
 #include "tessera/core/dtype.hpp"
@@ -22,9 +27,12 @@ public:
   gather_pool() = default;
   //! `buffers` buffers of `max_padded` elements, in shared memory where the
   //! communicator offers it (all-gathers between such buffers may skip SMs).
-  gather_pool(comm::handle<B> c, int buffers, std::size_t max_padded, std::size_t units)
+  //! `permuted`: units are gathered in shard order and copied out into a
+  //! second buffer per slot (the compute layout).
+  gather_pool(comm::handle<B> c, int buffers, std::size_t max_padded, std::size_t units, bool permuted = false)
       : comm_(c), slot_of_(units, -1) {
-    for (int i = 0; i < buffers; ++i) slots_.push_back({comm_buffer<C, B>(c, max_padded, true), {}, -1, 0});
+    for (int i = 0; i < buffers; ++i)
+      slots_.push_back({comm_buffer<C, B>(c, max_padded, true), buffer(permuted ? max_padded : 0), {}, -1, 0});
   }
 
   [[nodiscard]] std::size_t size() const noexcept { return slots_.size(); }
@@ -34,8 +42,10 @@ public:
   //! Starts the all-gather of unit u (every rank's `shard_n` elements from
   //! `shard`) into a free buffer, else into the least recently used one whose
   //! unit `held(unit)` says no scope holds. False when every buffer is held.
-  template <class Held>
-  [[nodiscard]] bool start(std::size_t u, const C* shard, std::size_t shard_n, Held held) {
+  //! Where the pool is permuted, `copy_out(gathered, compute)` then fills the
+  //! slot's compute-layout buffer.
+  template <class Held, class CopyOut>
+  [[nodiscard]] bool start(std::size_t u, const C* shard, std::size_t shard_n, Held held, CopyOut copy_out) {
     int best = -1;
     for (std::size_t i = 0; i < slots_.size(); ++i) {
       const auto& g = slots_[i];
@@ -50,6 +60,13 @@ public:
     g.last_use = ++clock_;
     slot_of_[u] = best;
     g.ready = comm_.iall_gather(shard, g.data.data(), shard_n, dtype_of_v<C>);
+    if (g.out.size() != 0) {
+      auto landed = std::make_shared<comm::request>(std::move(g.ready));
+      g.ready = comm::request(backend_ops<B>::after([landed] { landed->wait(); },
+                                                    [copy_out, from = g.data.data(), to = g.out.data()] {
+                                                      copy_out(static_cast<const C*>(from), to);
+                                                    }));
+    }
     return true;
   }
   //! Waits for unit u's all-gather (started before) and marks the use.
@@ -58,9 +75,9 @@ public:
     g.ready.wait();
     g.last_use = ++clock_;
   }
-  //! Unit u's gathered weights (the first `padded` elements of its buffer).
+  //! Unit u's gathered weights in the compute layout (the first `padded` elements of its buffer).
   [[nodiscard]] std::span<const C> data(std::size_t u, std::size_t padded) const {
-    return slots_[std::size_t(slot_of_.at(u))].data.span().first(padded);
+    return visible(slots_[std::size_t(slot_of_.at(u))]).first(padded);
   }
   //! Waits for every gather in flight and forgets every copy (weights changed).
   void drop_all() {
@@ -75,7 +92,7 @@ public:
     if (u >= slot_of_.size() || slot_of_[u] < 0) return;
     auto& g = slots_[std::size_t(slot_of_[u])];
     g.ready.wait();
-    backend_ops<B>::fill(g.data.span().first(padded), convert<C>(std::numeric_limits<float>::quiet_NaN()));
+    backend_ops<B>::fill(visible(g).first(padded), convert<C>(std::numeric_limits<float>::quiet_NaN()));
     slot_of_[u] = -1;
     g.unit = -1;
   }
@@ -84,12 +101,16 @@ public:
   }
 
 private:
+  using buffer = typename backend_ops<B>::template buffer<C>;
   struct slot {
-    comm_buffer<C, B> data;
+    comm_buffer<C, B> data;  // what the all-gather writes (shard order)
+    buffer out;              // the compute layout, where the pool is permuted; else empty
     comm::request ready;
     int unit = -1;
     std::uint64_t last_use = 0;
   };
+  static std::span<C> visible(slot& g) { return g.out.size() == 0 ? g.data.span() : g.out.span(); }
+  static std::span<const C> visible(const slot& g) { return g.out.size() == 0 ? g.data.span() : g.out.span(); }
   comm::handle<B> comm_;
   std::vector<slot> slots_;
   std::vector<int> slot_of_;  // per unit: its buffer, or -1

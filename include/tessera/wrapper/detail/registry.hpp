@@ -1,6 +1,6 @@
 #pragma once
 //! \file unit_registry: what a trainer registered (units, their named
-//! parameters) and, once finalized, their flat layouts over the world, checked
+//! parameters) and, once finalized, their layouts over the world, checked
 //! to be the same on every rank.
 #include <cstddef>
 #include <string>
@@ -44,14 +44,15 @@ public:
   //! (strategy, wrapper, precision, averaging, alignment): it is checked
   //! first, with its own message.
   template <class Comm>
-  void finalize(Comm& c, std::size_t alignment, const std::string& config = {}) {
+  void finalize(Comm& c, std::size_t alignment, const std::string& config = {},
+                layout_kind kind = layout_kind::flat) {
     check_open("finalize()");
     TESSERA_CHECK(!specs_.empty(), "finalize() with no unit registered");
     comm::label l("finalize");
     TESSERA_CHECK(comm::all_same(c, checksum64::of(config.data(), config.size())), "ranks disagree on the configuration: rank ", c.rank(),
                   " runs ", config, ", another rank something else; every rank must build the same config<...> and "
                   "wrapper_options");
-    for (auto& s : specs_) layouts_.emplace_back(s.name, s.tensors, c.size(), alignment);
+    for (auto& s : specs_) layouts_.emplace_back(s.name, s.tensors, c.size(), alignment, kind);
     TESSERA_CHECK(comm::all_same(c, digest(layouts_)), "ranks disagree on the model: rank ", c.rank(),
                   " registered a different set of units, parameter names or shapes than another rank (",
                   layouts_.size(), " units, ", num_params(), " elements here)");

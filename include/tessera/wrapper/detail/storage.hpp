@@ -47,11 +47,28 @@ struct storage {
     else return {0, L.padded_numel()};
   }
 
+  //! Tensor t's part of rank r's optimizer range: tensor elements
+  //! [tensor_begin, +count) at range elements [shard_begin, +count). The rank's
+  //! piece where the optimizer is sharded, the whole tensor at its offset under
+  //! no_shard (the range is the whole unit then).
+  static piece range_piece(const unit_layout& L, std::size_t t, int r) {
+    if constexpr (strategy::shards_optimizer) {
+      return L.piece_of(t, r);
+    } else {
+      const auto& s = L.tensors().at(t);
+      return s.numel ? piece{0, s.offset, s.numel} : piece{};
+    }
+  }
+
+  //! Whether a reduction needs its own wire buffer: to convert gradients to
+  //! the wire type, or to copy them into the gathered order (rows layout).
+  static bool needs_wire(bool permuted) noexcept { return !wire_is_grad || permuted; }
+
   //! Bytes of one reduction-pool slot for units of `padded` elements.
-  static std::size_t slot_bytes(std::size_t padded, std::size_t shard) noexcept {
+  static std::size_t slot_bytes(std::size_t padded, std::size_t shard, bool permuted) noexcept {
     std::size_t b = 0;
     if (strategy::shards_grads) b += padded * sizeof(G);
-    if (!wire_is_grad) b += padded * sizeof(W);
+    if (needs_wire(permuted)) b += padded * sizeof(W);
     if (strategy::shards_optimizer && !wire_is_grad) b += shard * sizeof(W);  // staging for the conversion back
     return b;
   }
@@ -61,6 +78,7 @@ struct storage {
     memory_plan p;
     std::size_t max_padded = 0;
     const bool alone = solo(world);
+    const bool permuted = !units.empty() && units.front().permuted();
     for (auto& u : units) {
       const std::size_t full = u.padded_numel(), shard = u.shard_numel();
       const std::size_t opt_n = strategy::shards_optimizer ? shard : full;
@@ -71,8 +89,10 @@ struct storage {
       if (strategy::shards_optimizer && !alone && !o.lend_grad_shards) p.grads += shard * sizeof(G);
     }
     if (alone) return p;  // no gather or reduction buffers: nothing is communicated
-    if (strategy::shards_params) p.gathered_buffers = std::size_t(o.gather_buffers) * max_padded * sizeof(C);
-    p.reduction_buffers = std::size_t(o.grad_buffers) * slot_bytes(max_padded, max_padded / std::size_t(world));
+    // A rows layout gathers into a buffer in shard order and copies out into one in the compute layout.
+    if (strategy::shards_params)
+      p.gathered_buffers = std::size_t(o.gather_buffers) * max_padded * sizeof(C) * (permuted ? 2 : 1);
+    p.reduction_buffers = std::size_t(o.grad_buffers) * slot_bytes(max_padded, max_padded / std::size_t(world), permuted);
     return p;
   }
 };

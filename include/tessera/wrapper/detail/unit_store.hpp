@@ -126,24 +126,24 @@ public:
   }
 
   // ---- values -----------------------------------------------------------------------
-  //! Sets a parameter from its full value in host memory; every rank keeps its piece.
-  void set_param(const tensor_slot& s, std::size_t u, std::span<const M> full) {
+  //! Sets tensor t of unit u from its full value in host memory; every rank keeps its piece.
+  void set_param(std::size_t u, std::size_t t, std::span<const M> full) {
     const auto& L = reg_->layout(u);
-    const auto [lo, n] = opt_range(u);
-    if (const auto hit = intersect(s.offset, s.numel, lo, n); hit.count)
-      ops::copy_from_host(main_weights(u).subspan(hit.range_begin, hit.count), full.subspan(hit.tensor_begin, hit.count));
-    // Compute weights: the whole tensor where replicated, the piece where
-    // sharded (where they alias the main weights, this covers what the
+    const auto& s = L.tensors().at(t);
+    if (const piece p = rules::range_piece(L, t, comm_.rank()); !p.empty())
+      ops::copy_from_host(main_weights(u).subspan(p.shard_begin, p.count), full.subspan(p.tensor_begin, p.count));
+    // Compute weights: the rank's piece where sharded, the whole tensor where
+    // replicated (where they alias the main weights, this covers what the
     // optimizer range did not).
-    auto& w = units_[u].weights;
-    const auto c = intersect(s.offset, s.numel, strategy::shards_params ? L.shard_begin(comm_.rank()) : 0, w.span().size());
-    if (c.count) {
-      std::vector<C> host(c.count);
-      for (std::size_t i = 0; i < c.count; ++i) host[i] = convert<C>(full[c.tensor_begin + i]);
-      ops::copy_from_host(w.span().subspan(c.range_begin, c.count), std::span<const C>(host));
-    }
+    const piece c = strategy::shards_params ? L.piece_of(t, comm_.rank()) : piece{0, s.offset, s.numel};
+    if (c.empty()) return;
+    std::vector<C> host(c.count);
+    for (std::size_t i = 0; i < c.count; ++i) host[i] = convert<C>(full[c.tensor_begin + i]);
+    ops::copy_from_host(units_[u].weights.span().subspan(c.shard_begin, c.count), std::span<const C>(host));
   }
-  //! The whole padded unit of main weights on every rank's host. Collective.
+  //! The whole padded unit of main weights on every rank's host, in shard
+  //! order (rank 0's shard, rank 1's, ...; the compute layout under a flat
+  //! layout or no_shard). Collective.
   [[nodiscard]] std::vector<M> gather_main(std::size_t u) {
     units_.at(u).weights_ready.wait();
     std::vector<M> local(opt_range(u).second);
@@ -179,15 +179,6 @@ public:
   }
 
 private:
-  struct range_hit {
-    std::size_t tensor_begin = 0, range_begin = 0, count = 0;
-  };
-  static range_hit intersect(std::size_t off, std::size_t numel, std::size_t lo, std::size_t n) {
-    const std::size_t a = std::max(off, lo), b = std::min(off + numel, lo + n);
-    if (a >= b) return {};
-    return {a - off, a - lo, b - a};
-  }
-
   const unit_registry* reg_ = nullptr;
   comm::handle<B> comm_;
   std::vector<unit> units_;

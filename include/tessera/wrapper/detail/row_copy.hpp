@@ -1,0 +1,94 @@
+#pragma once
+//! \file The copies a rows layout (fsdp2) adds around its collectives, as
+//! element functors for backend_ops<B>::for_each. An all-gather delivers the
+//! shards one after the other, each holding a block of rows of every tensor;
+//! `copy_out` rebuilds the compute layout from that (each tensor contiguous),
+//! `copy_in` builds the shard order from the compute layout's gradients
+//! before a reduce-scatter (converting to the wire type and scaling in the
+//! same pass). Each walks its destination in order and writes every element,
+//! padding as zero, so neither buffer needs clearing first.
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "tessera/core/config.hpp"
+#include "tessera/core/dtype.hpp"
+#include "tessera/shard/layout.hpp"
+
+namespace tessera::detail {
+
+//! One tensor of a rows layout, as the copies see it (layout.hpp's tensor_slot fields).
+struct row_segment {
+  std::size_t offset = 0, numel = 0, block = 0, shard_offset = 0;
+};
+
+//! The segments of unit L, in tensor order (offsets and shard offsets ascend).
+inline std::vector<row_segment> row_segments(const unit_layout& L) {
+  std::vector<row_segment> v;
+  for (const auto& t : L.tensors()) v.push_back({t.offset, t.numel, t.block, t.shard_offset});
+  return v;
+}
+
+namespace rows {
+// a / b, in 32 bits where both fit (a 64-bit division costs a GPU several times more).
+TESSERA_HOST_DEVICE inline std::size_t div(std::size_t a, std::size_t b) {
+  if ((a | b) >> 32 == 0) return std::uint32_t(a) / std::uint32_t(b);
+  return a / b;
+}
+// The last segment whose field `key` is <= x (segments ascend in it); -1 if none.
+template <std::size_t row_segment::*Key>
+TESSERA_HOST_DEVICE inline int find(const row_segment* s, int n, std::size_t x) {
+  int lo = 0, hi = n;  // answer in [lo - 1, hi)
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (s[mid].*Key <= x) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo - 1;
+}
+}  // namespace rows
+
+//! dst (compute layout, `padded` elements) from src (shard order): element c
+//! of tensor t at row-block r = c / block comes from shard r.
+template <class T>
+struct copy_out {
+  const T* src;
+  T* dst;
+  const row_segment* seg;
+  int nseg;
+  std::size_t shard;
+  TESSERA_HOST_DEVICE void operator()(std::size_t c) const {
+    const int t = rows::find<&row_segment::offset>(seg, nseg, c);
+    T v{};
+    if (t >= 0 && c - seg[t].offset < seg[t].numel) {
+      const std::size_t i = c - seg[t].offset, r = rows::div(i, seg[t].block);
+      v = src[r * shard + seg[t].shard_offset + (i - r * seg[t].block)];
+    }
+    dst[c] = v;
+  }
+};
+
+//! dst (shard order, `world x shard` elements, wire type) = src (compute
+//! layout) converted and multiplied by s: shard r's block of tensor t holds
+//! its rows [r x rows_per_rank, ...).
+template <class To, class From>
+struct copy_in {
+  const From* src;
+  To* dst;
+  const row_segment* seg;
+  int nseg;
+  std::size_t shard;
+  float s;
+  TESSERA_HOST_DEVICE void operator()(std::size_t j) const {
+    const std::size_t r = rows::div(j, shard), k = j - r * shard;
+    const int t = rows::find<&row_segment::shard_offset>(seg, nseg, k);
+    float v = 0.0f;
+    if (t >= 0 && k - seg[t].shard_offset < seg[t].block) {
+      const std::size_t i = r * seg[t].block + (k - seg[t].shard_offset);
+      if (i < seg[t].numel) v = convert<float>(src[seg[t].offset + i]) * s;
+    }
+    dst[j] = convert<To>(v);
+  }
+};
+
+}  // namespace tessera::detail
