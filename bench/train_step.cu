@@ -295,6 +295,8 @@ strategy_result dispatch_precision(const bench_options& o, const std::string& na
     if (name == "no_shard") return run_strategy<config<no_shard, ddp, P, sum, B>>(o, s, comm, world);
     if (name == "optim") return run_strategy<config<optim, ddp, P, sum, B>>(o, s, comm, world);
     if (name == "optim_grads") return run_strategy<config<optim_grads, ddp, P, sum, B>>(o, s, comm, world);
+  } else if (o.wrapper == "fsdp2") {
+    if (name == "optim_grads_params") return run_strategy<config<optim_grads_params, fsdp2, P, sum, B>>(o, s, comm, world);
   } else {
     if (name == "no_shard") return run_strategy<config<no_shard, fsdp, P, sum, B>>(o, s, comm, world);
     if (name == "optim") return run_strategy<config<optim, fsdp, P, sum, B>>(o, s, comm, world);
@@ -324,7 +326,7 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", o.warmup, "untimed steps first");
   app.add_option("--clip", o.clip, "gradient-norm clip (0: none)");
   app.add_option("--strategies", o.strategies, "strategies to run")->delimiter(',');
-  app.add_option("--wrapper", o.wrapper)->check(CLI::IsMember({"ddp", "fsdp"}));
+  app.add_option("--wrapper", o.wrapper)->check(CLI::IsMember({"ddp", "fsdp", "fsdp2"}));
   app.add_option("--comm", o.comm)->check(CLI::IsMember({"auto", "nccl", "mpi"}));
   app.add_option("--json", o.json, "write results as JSON to this file");
   app.add_option("--gemm-sms", o.gemm_sms,

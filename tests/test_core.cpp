@@ -280,6 +280,18 @@ BOOST_AUTO_TEST_CASE(rows_layout_gives_whole_rows_and_copies_round_trip) {
               L.padded_numel(), detail::copy_out<double>{wire.data(), back.data(), seg.data(), int(seg.size()),
                                                          L.shard_numel()});
           for (std::size_t c = 0; c < back.size(); ++c) BOOST_TEST(back[c] == double(float(compute[c])));
+          // The 8-wide chunk path the device takes (run<8>), against the element path above.
+          std::vector<double> wire8(L.padded_numel(), -1.0), back8(L.padded_numel(), -1.0);
+          const detail::copy_in<double, double> in{compute.data(), wire8.data(), seg.data(), int(seg.size()),
+                                                   L.shard_numel(), 1.0f, true};
+          const detail::copy_out<double> out{wire8.data(), back8.data(), seg.data(), int(seg.size()), L.shard_numel(), true};
+          const std::size_t n = L.padded_numel(), whole = n / 8 * 8;
+          for (std::size_t c = 0; c < whole; c += 8) in.run<8>(c);
+          for (std::size_t c = whole; c < n; ++c) in(c);
+          for (std::size_t c = 0; c < whole; c += 8) out.run<8>(c);
+          for (std::size_t c = whole; c < n; ++c) out(c);
+          BOOST_TEST(wire8 == wire);
+          BOOST_TEST(back8 == back);
         }
         ++cases;
       }

@@ -122,6 +122,8 @@ BOOST_AUTO_TEST_CASE(memory_plan_equals_allocation) {
   check_plan<config<optim, ddp>>();
   check_plan<config<optim_grads, fsdp, mixed_precision<bf16, float, float, bf16>>>();
   check_plan<config<optim_grads_params, fsdp, mixed_precision<bf16, float>>>();
+  check_plan<config<optim_grads_params, fsdp2, mixed_precision<bf16, float>>>();
+  check_plan<config<optim_grads_params, fsdp2>>();  // gradients in the wire type: a copy-in buffer still
 }
 
 // ---- the optimizer is open: a third algorithm written outside optim/ -------------

@@ -39,7 +39,7 @@ struct options {
   std::string dtype = "float";
   int warmup = 5, iters = 20;
   std::vector<std::string> ops = {"all_gather", "reduce_scatter", "all_reduce", "broadcast"};
-  std::vector<std::string> impls = {"raw", "sharded", "unit", "mixed"};
+  std::vector<std::string> impls = {"raw", "sharded", "unit", "unit2", "mixed"};
   std::string json;
   double min_busbw = 0;  // GB/s, applies to every row with an nonzero bus factor
   bool check = true;
@@ -269,8 +269,10 @@ private:
             {"fc1", shape({4 * h, h})},        {"fc1_b", shape({4 * h}), false}, {"fc2", shape({h, 4 * h})},
             {"fc2_b", shape({h}), false}};
   }
+  // impl "unit": fsdp's flat layout; "unit2": fsdp2's row shards (plus the
+  // copy-out after the all-gather and the copy-in before the reduce-scatter).
   template <class Cfg>
-  void unit_case(const std::string& op, std::size_t bytes, std::vector<row>& rows) {
+  void unit_case(const std::string& op, std::size_t bytes, std::vector<row>& rows, const std::string& impl) {
     using M = typename Cfg::main_type;
     data_parallel_t<Cfg> model(c_, wrapper_options{.prefetch = false});
     auto u = model.add_unit("block");
@@ -298,7 +300,7 @@ private:
           for (std::size_t i = 0; i < ts.numel; ++i) wrong += convert<double>(got[ts.offset + i]) != iota_value<T>(0, ts.offset + i);
       }
       const double sec = time_each([&] { model.release_gathered(); }, [&] { auto s = model.gather(u); });
-      emit(rows, op, "unit", "outplace", name(), L.padded_numel() * sizeof(T), numel, sec, wrong);
+      emit(rows, op, impl, "outplace", name(), L.padded_numel() * sizeof(T), numel, sec, wrong);
     } else {
       auto fill = [&] {
         model.zero_grad();
@@ -312,15 +314,18 @@ private:
       };
       fill();
       reduce();
-      const auto [lo, n] = e.opt_range(0);
+      // Each tensor's piece of this rank's shard holds the sum over ranks of its gradients.
       const auto got = host_copy(std::span<const T>(e.opt_grads(0)));
-      for (std::size_t i = 0; i < n; ++i) {
-        double want = 0;
-        for (int q = 0; q < N_; ++q) want += iota_value<T>(q, lo + i);
-        wrong += convert<double>(got[i]) != want;
+      for (std::size_t t = 0; t < L.tensors().size(); ++t) {
+        const piece p = e.range_piece(0, t);
+        for (std::size_t k = 0; k < p.count; ++k) {
+          double want = 0;
+          for (int q = 0; q < N_; ++q) want += iota_value<T>(q, L.tensors()[t].offset + p.tensor_begin + k);
+          wrong += convert<double>(got[p.shard_begin + k]) != want;
+        }
       }
       const double sec = time_each(fill, reduce);
-      emit(rows, op, "unit", "outplace", name(), L.padded_numel() * sizeof(T), numel, sec, wrong);
+      emit(rows, op, impl, "outplace", name(), L.padded_numel() * sizeof(T), numel, sec, wrong);
     }
   }
 
@@ -399,13 +404,18 @@ void bench<B, T, Comm>::measure(const std::string& op, const std::string& impl, 
   if (impl == "raw") return raw(op, bytes, rows);
   if (impl == "sharded") return sharded(op, bytes, rows);
   if (impl == "mixed") return mixed(op, bytes, rows);
-  if (impl == "unit") {
+  if (impl == "unit" || impl == "unit2") {
     // T everywhere; 16-bit types keep fp32 main weights (a config rule).
     using P = std::conditional_t<std::is_same_v<T, float> || std::is_same_v<T, double>, full_precision<T>,
                                  mixed_precision<T, float, T, T>>;
+    if (impl == "unit2") {
+      if (op == "all_gather" || op == "reduce_scatter")
+        return unit_case<config<optim_grads_params, fsdp2, P, sum, B>>(op, bytes, rows, impl);
+      return;
+    }
     if (op == "all_gather" || op == "reduce_scatter")
-      return unit_case<config<optim_grads_params, fsdp, P, sum, B>>(op, bytes, rows);
-    if (op == "all_reduce") return unit_case<config<no_shard, ddp, P, sum, B>>(op, bytes, rows);
+      return unit_case<config<optim_grads_params, fsdp, P, sum, B>>(op, bytes, rows, impl);
+    if (op == "all_reduce") return unit_case<config<no_shard, ddp, P, sum, B>>(op, bytes, rows, impl);
   }
 }
 

@@ -23,8 +23,8 @@ with tempfile.TemporaryDirectory() as d:
     run = json.load(open(js))
     assert run['world'] == int(np)
     seen = {(r['op'], r['impl']) for r in run['rows']}
-    want = {('all_gather', i) for i in ('raw', 'sharded', 'unit', 'mixed')} | \
-           {('reduce_scatter', i) for i in ('raw', 'sharded', 'unit', 'mixed')} | \
+    want = {('all_gather', i) for i in ('raw', 'sharded', 'unit', 'unit2', 'mixed')} | \
+           {('reduce_scatter', i) for i in ('raw', 'sharded', 'unit', 'unit2', 'mixed')} | \
            {('all_reduce', 'raw'), ('all_reduce', 'unit'), ('broadcast', 'raw')}
     assert want <= seen, f'missing rows: {want - seen}'
     assert all(r['wrong'] == 0 for r in run['rows'])

@@ -41,16 +41,20 @@ same "fp32: gradient shards lent to activations (optim_grads_params, 2 ranks) = 
 same "bf16: lent gradient shards, 8 tokens per rank (own-buffer fallback), optim with 2 micro-batches" 2e-2 bf16 2 \
   "--strategy optim --lend-grad-shards" --tokens 32 --accum 2
 # All-gathers on copy engines (NCCL symmetric windows; NCCL only, so where
-# each rank has its own GPU) with lent gradient shards.
+# each rank has its own GPU) with lent gradient shards; and fsdp2 the same way.
 if [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" -ge 2 ]; then
   same "bf16: all-gathers on copy engines + lent shards (2 ranks, NCCL) = no_shard" 2e-2 bf16 2 \
     "--strategy optim_grads_params --copy-engine-gathers --lend-grad-shards"
+  same "bf16: fsdp2, copy engines + lent shards + recomputed GELU (2 ranks, NCCL) = no_shard" 2e-2 bf16 2 \
+    "--wrapper fsdp2 --strategy optim_grads_params --copy-engine-gathers --lend-grad-shards --recompute-gelu"
 fi
+same "fp32: fsdp2 (3 ranks) = no_shard" 1e-4 fp32 3 "--wrapper fsdp2 --strategy optim_grads_params"
 check "bf16: fused epilogues = separate kernels" \
   $curves 2e-2 1 "--backend cuda --precision bf16 --strategy no_shard --fusion off" \
   1 "--backend cuda --precision bf16 --strategy no_shard --fusion on" $model
 for np in 2 3; do
-  for sw in ddp:no_shard ddp:optim ddp:optim_grads fsdp:no_shard fsdp:optim fsdp:optim_grads fsdp:optim_grads_params; do
+  for sw in ddp:no_shard ddp:optim ddp:optim_grads fsdp:no_shard fsdp:optim fsdp:optim_grads fsdp:optim_grads_params \
+            fsdp2:optim_grads_params; do
     check "bf16 np$np ${sw%%:*}/${sw#*:} = np1 no_shard" \
       $curves 2e-2 1 "--backend cuda --precision bf16 --strategy no_shard --wrapper ddp" \
       $np "--backend cuda --precision bf16 --wrapper ${sw%%:*} --strategy ${sw#*:}" $model

@@ -362,7 +362,7 @@ private:
     if (L.permuted()) {  // rows layout: into shard order, converted and scaled in the same pass
       send = slots_[s].wire.data();
       ops::for_each(L.padded_numel(), copy_in<W, G>{src.data(), send, segments_[u].data(), int(segments_[u].size()),
-                                                    L.shard_numel(), pre});
+                                                    L.shard_numel(), pre}.aligned());
     } else if constexpr (rules::wire_is_grad) {
       if (pre != 1.0f) ops::for_each(src.size(), scale_convert<G, G>{src.data(), src.data(), pre});
       send = src.data();
@@ -455,7 +455,7 @@ private:
     const auto& L = layout(u);
     const auto copy = [seg = segments_[u].data(), nseg = int(segments_[u].size()), shard = L.shard_numel(),
                        padded = L.padded_numel()](const C* gathered, C* out) {
-      ops::for_each(padded, copy_out<C>{gathered, out, seg, nseg, shard});
+      ops::for_each(padded, copy_out<C>{gathered, out, seg, nseg, shard}.aligned());
     };
     if (gathers_.start(u, store_[u].weights.data(), L.shard_numel(), held, copy)) return;
     if (for_prefetch) return;  // every buffer in use: skip the prefetch

@@ -22,6 +22,7 @@
 
 #include "tessera/policy/config.hpp"
 #include "tessera/shard/layout.hpp"
+#include "tessera/wrapper/detail/row_copy.hpp"
 #include "tessera/wrapper/options.hpp"
 
 namespace tessera::detail {
@@ -89,9 +90,12 @@ struct storage {
       if (strategy::shards_optimizer && !alone && !o.lend_grad_shards) p.grads += shard * sizeof(G);
     }
     if (alone) return p;  // no gather or reduction buffers: nothing is communicated
-    // A rows layout gathers into a buffer in shard order and copies out into one in the compute layout.
+    // A rows layout gathers into a buffer in shard order and copies out into
+    // one in the compute layout, by a table of every unit's tensors.
     if (strategy::shards_params)
       p.gathered_buffers = std::size_t(o.gather_buffers) * max_padded * sizeof(C) * (permuted ? 2 : 1);
+    if (permuted)
+      for (auto& u : units) p.gathered_buffers += u.tensors().size() * sizeof(row_segment);
     p.reduction_buffers = std::size_t(o.grad_buffers) * slot_bytes(max_padded, max_padded / std::size_t(world), permuted);
     return p;
   }
