@@ -118,7 +118,10 @@ public:
   //! range in the same pass as its update (then publish_weights(true)); null
   //! where they alias the main weights.
   [[nodiscard]] compute_type* compute_out(std::size_t u) const { return e_->store().compute_out(checked(u)); }
-  //! The whole padded unit of main weights on every rank's host. Collective.
+  //! The whole padded unit of main weights on every rank's host, in shard
+  //! order (rank 0's shard, then rank 1's, ...: the flat layout itself under
+  //! fsdp and ddp, blocks of rows under fsdp2; the wrapper's get_param
+  //! extracts one tensor). Collective.
   [[nodiscard]] std::vector<main_type> gather_main(std::size_t u) const { return e_->gather_main(u); }
 
   // ---- the end of a step --------------------------------------------------------

@@ -74,11 +74,7 @@ public:
     reg_.finalize(comm_, opt_.alignment, config_text(),
                   Cfg::wrapper::row_shards ? layout_kind::rows : layout_kind::flat);
     solo_ = rules::solo(comm_.size());
-    for (const auto& L : reg_.layouts()) {  // what the rows layout's copies need, in backend memory
-      const auto v = row_segments(L);
-      segments_.emplace_back(L.permuted() ? v.size() : 0);
-      if (L.permuted() && !v.empty()) ops::copy_from_host(segments_.back().span(), std::span<const row_segment>(v));
-    }
+    rows_.prepare(reg_.layouts());
     plan_ = rules::plan(reg_.layouts(), comm_.size(), opt_);
     store_.allocate(reg_, comm_, solo_, opt_.lend_grad_shards);
     units_.resize(store_.size());
@@ -361,8 +357,7 @@ private:
     W* send;
     if (L.permuted()) {  // rows layout: into shard order, converted and scaled in the same pass
       send = slots_[s].wire.data();
-      ops::for_each(L.padded_numel(), copy_in<W, G>{src.data(), send, segments_[u].data(), int(segments_[u].size()),
-                                                    L.shard_numel(), pre}.aligned());
+      rows_.copy_in(u, L, src.data(), send, pre);
     } else if constexpr (rules::wire_is_grad) {
       if (pre != 1.0f) ops::for_each(src.size(), scale_convert<G, G>{src.data(), src.data(), pre});
       send = src.data();
@@ -453,10 +448,7 @@ private:
     const auto held = [this](std::size_t v) { return units_[v].holders > 0; };
     comm::label lbl(for_prefetch ? "prefetch" : "gather", layout(u).name().c_str());
     const auto& L = layout(u);
-    const auto copy = [seg = segments_[u].data(), nseg = int(segments_[u].size()), shard = L.shard_numel(),
-                       padded = L.padded_numel()](const C* gathered, C* out) {
-      ops::for_each(padded, copy_out<C>{gathered, out, seg, nseg, shard}.aligned());
-    };
+    const auto copy = [this, u, &L](const C* gathered, C* out) { rows_.copy_out(u, L, gathered, out); };
     if (gathers_.start(u, store_[u].weights.data(), L.shard_numel(), held, copy)) return;
     if (for_prefetch) return;  // every buffer in use: skip the prefetch
     fail("gather('" + layout(u).name() + "'): all " + std::to_string(gathers_.size()) +
@@ -511,7 +503,7 @@ private:
   std::vector<unit_state> units_;
   pool_type slots_;
   std::vector<poison_state> poison_;  // per reduction slot (poison_released)
-  std::vector<typename ops::template buffer<row_segment>> segments_;  // per unit, where its layout is permuted
+  row_copies<backend_type> rows_;  // the rows layout's copies (fsdp2)
   gather_pool<C, backend_type> gathers_;
   memory_plan plan_;
   bool grads_ready_ = false, mb_open_ = false, solo_ = false;

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "tessera/backend/ops.hpp"
 #include "tessera/core/config.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/vec.hpp"
@@ -145,6 +146,39 @@ struct copy_in {
     }
     dst[j] = convert<To>(v);
   }
+};
+
+//! What a wrapper needs for its rows-layout copies: every permuted unit's
+//! segment table in backend memory, and the two copies over it.
+template <class B>
+class row_copies {
+  using ops = backend_ops<B>;
+
+public:
+  //! Tables for the units whose layout is permuted (none where nothing is).
+  void prepare(const std::vector<unit_layout>& layouts) {
+    for (const auto& L : layouts) {
+      const auto v = row_segments(L);
+      tables_.emplace_back(L.permuted() ? v.size() : 0);
+      if (L.permuted() && !v.empty()) ops::copy_from_host(tables_.back().span(), std::span<const row_segment>(v));
+    }
+  }
+  //! Unit u's gathered buffer (shard order) into `out` (its compute layout), on the current stream.
+  template <class T>
+  void copy_out(std::size_t u, const unit_layout& L, const T* gathered, T* out) const {
+    const auto& t = tables_.at(u);
+    ops::for_each(L.padded_numel(), detail::copy_out<T>{gathered, out, t.data(), int(t.size()), L.shard_numel()}.aligned());
+  }
+  //! Unit u's gradients (compute layout) into `wire` (shard order), converted and multiplied by s.
+  template <class To, class From>
+  void copy_in(std::size_t u, const unit_layout& L, const From* grads, To* wire, float s) const {
+    const auto& t = tables_.at(u);
+    ops::for_each(L.padded_numel(),
+                  detail::copy_in<To, From>{grads, wire, t.data(), int(t.size()), L.shard_numel(), s}.aligned());
+  }
+
+private:
+  std::vector<typename ops::template buffer<row_segment>> tables_;
 };
 
 }  // namespace tessera::detail
