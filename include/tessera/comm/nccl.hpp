@@ -397,7 +397,7 @@ private:
     // serves every "inputs ready" edge; completion events are pooled.
     ready_.record(compute);
     ready_.wait_on(stream_.get());
-    auto done = done_event();
+    auto done = done_pool_.next();
     auto& rec = trace::global();
     const auto tk = rec.issue(channel_, what, n, t, true, [done] { return cudaEventQuery(done->get()) != cudaErrorNotReady; });
     try {
@@ -414,21 +414,12 @@ private:
     });
   }
 
-  // A completion event no pending request holds (creating one per collective
-  // costs microseconds, as much as a small collective).
-  std::shared_ptr<cuda::event> done_event() {
-    for (auto& e : done_pool_)
-      if (e.use_count() == 1) return e;
-    done_pool_.push_back(std::make_shared<cuda::event>());
-    return done_pool_.back();
-  }
-
   nccl_options opt_;
   ncclComm_t comm_ = nullptr;
   std::shared_ptr<shared_state> state_ = std::make_shared<shared_state>();
   cuda::stream stream_;
   cuda::event ready_;
-  std::vector<std::shared_ptr<cuda::event>> done_pool_;
+  cuda::event_pool done_pool_;  // completion events, one per request in flight
   int rank_ = 0, size_ = 1;
   int channel_ = -1;
   std::shared_ptr<mpi> checker_;  // the order check's MPI duplicate, if asked for

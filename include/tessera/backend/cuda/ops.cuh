@@ -18,9 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cub/block/block_reduce.cuh>
-#include <memory>
 #include <span>
-#include <vector>
 
 #include "tessera/backend/cuda/buffer.hpp"
 #include "tessera/backend/cuda/stream.hpp"
@@ -218,10 +216,7 @@ struct backend_ops<backend::cuda> {
       wait();
       then();
     }
-    std::shared_ptr<cuda::event> done;
-    for (auto& e : side.done)
-      if (e.use_count() == 1) done = e;  // no pending callable holds it
-    if (!done) done = side.done.emplace_back(std::make_shared<cuda::event>());
+    auto done = side.done.next();
     done->record(side.stream.get());
     return [done] { done->wait_on(cuda::current_stream()); };
   }
@@ -233,7 +228,7 @@ private:
   struct side_stream {
     cuda::stream stream;
     cuda::event ready;
-    std::vector<std::shared_ptr<cuda::event>> done;
+    cuda::event_pool done;
   };
   static side_stream& detail_side() {
     thread_local side_stream s;

@@ -4,7 +4,9 @@
 //! kernels a trainer launches without a stream are ordered with the library's.
 #include <cuda_runtime_api.h>
 
+#include <memory>
 #include <utility>
+#include <vector>
 
 #include "tessera/backend/cuda/error.hpp"
 
@@ -73,6 +75,23 @@ public:
 
 private:
   cudaEvent_t e_ = nullptr;
+};
+
+//! Completion events handed out for reuse: next() returns one that nobody
+//! else holds (creating an event per use costs microseconds, as much as a
+//! small collective). A holder keeps its event until it has waited on it;
+//! cudaStreamWaitEvent takes the event's state when called, so re-recording
+//! it afterwards is safe.
+class event_pool {
+public:
+  [[nodiscard]] std::shared_ptr<event> next() {
+    for (auto& e : pool_)
+      if (e.use_count() == 1) return e;
+    return pool_.emplace_back(std::make_shared<event>());
+  }
+
+private:
+  std::vector<std::shared_ptr<event>> pool_;
 };
 
 }  // namespace tessera::cuda
