@@ -16,6 +16,7 @@
 #include "tessera/backend/host/ops.hpp"
 #include "tessera/comm/communicator.hpp"
 #include "tessera/comm/local.hpp"
+#include "tessera/comm/mesh.hpp"
 #include "tessera/comm/staged.hpp"
 #if !defined(TESSERA_NO_MPI)
 #include "tessera/comm/mpi.hpp"

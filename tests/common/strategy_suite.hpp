@@ -29,12 +29,23 @@ int global_samples(int N) {
   return std::is_same_v<typename Cfg::averaging, tessera::sum> ? 7 : 2 * N;
 }
 
+template <class Comm> struct mesh_of { using comm_type = Comm; static constexpr bool is_mesh = false; };
+template <class Comm> struct mesh_of<tessera::comm::mesh<Comm>> { using comm_type = Comm; static constexpr bool is_mesh = true; };
+
+//! Cfg over communicator c, or over the mesh c, against single-rank no_shard.
 template <class Cfg, class Comm>
 void check_matches_single_rank_no_shard(Comm& c) {
   using namespace tessera;
   using Ref = config<no_shard, ddp, typename Cfg::precision, typename Cfg::averaging, typename Cfg::backend_type>;
   comm::local<typename Cfg::backend_type> solo;
-  const int N = c.size();
+  // train() over a flat communicator or a mesh; N and rank over the whole world.
+  auto run = [&c](auto alg, const run_params& p) {
+    if constexpr (mesh_of<Comm>::is_mesh) return train<Cfg>(c.shard, alg, p, &c);
+    else return train<Cfg>(c, alg, p);
+  };
+  int N = 0, rank = 0;
+  if constexpr (mesh_of<Comm>::is_mesh) N = c.world_size(), rank = c.world_rank();
+  else N = c.size(), rank = c.rank();
   for (std::size_t align : {std::size_t(1), std::size_t(16)})
     for (int alg = 0; alg < 2; ++alg) {
       run_params p;
@@ -42,11 +53,11 @@ void check_matches_single_rank_no_shard(Comm& c) {
       p.global_samples = global_samples<Cfg>(N);
       p.assign_when_fresh = align == 16;  // both ways of writing gradients
       const run_result ref = alg == 0 ? train<Ref>(solo, test_adamw(), p) : train<Ref>(solo, test_sgd(), p);
-      const run_result got = alg == 0 ? train<Cfg>(c, test_adamw(), p) : train<Cfg>(c, test_sgd(), p);
+      const run_result got = alg == 0 ? run(test_adamw(), p) : run(test_sgd(), p);
       BOOST_TEST_CONTEXT(Cfg::strategy::name << " / " << Cfg::wrapper::name << " / "
                                              << type_name<typename Cfg::precision>() << " / "
                                              << Cfg::averaging::name << ", " << (alg ? "sgd" : "adamw")
-                                             << ", alignment " << align << ", rank " << c.rank() << " of " << N) {
+                                             << ", alignment " << align << ", rank " << rank << " of " << N) {
         BOOST_TEST_MESSAGE("max relative difference " << max_rel_diff(got, ref) << ", norm[0] " << got.grad_norms[0] << ", clipped " << (ref.grad_norms[0] > p.clip));
         BOOST_TEST(max_rel_diff(got, ref) <= tolerance<Cfg>());
         for (std::size_t s = 0; s < ref.grad_norms.size(); ++s) {
@@ -62,9 +73,9 @@ void check_matches_single_rank_no_shard(Comm& c) {
   p.lend_grad_shards = true;
   p.accum = Cfg::strategy::shards_grads ? 1 : 2;
   const run_result ref = train<Ref>(solo, test_adamw(), p);
-  const run_result got = train<Cfg>(c, test_adamw(), p);
+  const run_result got = run(test_adamw(), p);
   BOOST_TEST_CONTEXT(Cfg::strategy::name << " / " << Cfg::wrapper::name << ", lent gradient shards, rank "
-                                         << c.rank() << " of " << N) {
+                                         << rank << " of " << N) {
     BOOST_TEST(max_rel_diff(got, ref) <= tolerance<Cfg>());
   }
 }

@@ -7,6 +7,7 @@
 // reproduce the single-rank no_shard result.
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -67,15 +68,22 @@ struct run_result {
   std::vector<bool> skipped;
 };
 
-//! Trains Cfg with algorithm `alg` over communicator c and returns the final main weights.
+//! Trains Cfg with algorithm `alg` over communicator c (or, given m, over
+//! the mesh m: c is then unused) and returns the final main weights.
 template <class Cfg, class Alg, class Comm>
-run_result train(Comm& c, Alg alg, const run_params& p) {
+run_result train(Comm& c, Alg alg, const run_params& p, tessera::comm::mesh<Comm>* m = nullptr) {
   using namespace tessera;
   using W = data_parallel_t<Cfg>;
   using ops = backend_ops<typename Cfg::backend_type>;
-  const int N = c.size(), r = c.rank();
+  // The batch is split over the whole world; the shards over the group.
+  const int N = m ? m->world_size() : c.size(), r = m ? m->world_rank() : c.rank();
   using G = typename W::grad_type;
-  W model(c, wrapper_options{.alignment = p.alignment, .lend_grad_shards = p.lend_grad_shards});
+  const wrapper_options wo{.alignment = p.alignment, .lend_grad_shards = p.lend_grad_shards};
+  std::optional<W> holder;
+  if (m) holder.emplace(*m, wo);
+  else holder.emplace(c, wo);
+  W& model = *holder;
+  const int S = model.world(), rs_rank = model.rank();
   const auto defs = awkward_model();
   std::vector<unit_id> units;
   std::vector<std::vector<param_id>> params;
@@ -166,7 +174,7 @@ run_result train(Comm& c, Alg alg, const run_params& p) {
       if constexpr (Cfg::wrapper::row_shards) {
         const auto& slot = model.slot(pid);
         const row_shard rs = view.rows(pid);
-        BOOST_TEST(rs.first_row == std::min(std::size_t(r) * ((slot.rows + N - 1) / N), slot.rows));
+        BOOST_TEST(rs.first_row == std::min(std::size_t(rs_rank) * ((slot.rows + S - 1) / S), slot.rows));
         BOOST_TEST(rs.local_shape.numel() == local.size());
         if (!q.empty()) BOOST_TEST(q.tensor_begin == rs.first_row * slot.row_numel);  // whole rows, from row first_row
         if (slot.spec.shape.rank() >= 2)

@@ -137,9 +137,13 @@ fs::path save(Opt& opt, const fs::path& root, long step, const save_options& o =
   const fs::path final_dir = step_dir(root, step), tmp = root / (".tmp-" + final_dir.filename().string());
   TESSERA_CHECK(step >= 0, "checkpoint::save: step ", step, " is negative");
 
+  // On a mesh the shard groups hold the same model state (outer<no_shard>)
+  // or parts of the same shards (outer<optim>, gathered below): replica
+  // group 0 writes, the others take part in the gathers and the agreements.
+  const bool writer = e.replica_rank() == 0;
   std::exception_ptr err;
   std::optional<root_lock> lock;  // rank 0 holds the root for the whole save
-  if (r == 0) {
+  if (r == 0 && writer) {
     try {
       std::error_code ec;
       fs::create_directories(root, ec);
@@ -151,7 +155,7 @@ fs::path save(Opt& opt, const fs::path& root, long step, const save_options& o =
       err = std::current_exception();
     }
   }
-  comm::agree_or_throw(e.communicator(), err, "checkpoint::save (creating the directory)");
+  e.agree_or_throw(err, "checkpoint::save (creating the directory)");
 
   // What every rank writes follows from the layouts alone.
   const std::vector<std::string> states = detail::state_names<Alg>();
@@ -165,36 +169,44 @@ fs::path save(Opt& opt, const fs::path& root, long step, const save_options& o =
   // This rank's file: header, then each piece of each state, checksummed as written.
   try {
     const std::string header = detail::rank_header(detail::rank_entries<M>(layouts, mine, states), r, N, step);
-    out_file f((tmp / rank_file(r, N)).string());
+    std::optional<out_file> f;
+    if (writer) f.emplace((tmp / rank_file(r, N)).string());
     checksum64 whole;
-    f.write(header.data(), header.size());
+    if (writer) f->write(header.data(), header.size());
     whole.update(header.data(), header.size());
     typename ops::template staging<M> host;  // pinned on the CUDA backend
     std::size_t k = 0;
     for (std::size_t u = 0; u < layouts.size(); ++u) {
       const auto& L = layouts[u];
       const auto [lo, n] = e.opt_range(u);
-      const std::size_t sb = L.shard_begin(r) - lo;  // this rank's shard inside its optimizer range
       for (int s = 0; s < S; ++s) {
         if (k >= mine.size() || mine[k].unit != u || mine[k].state != s) continue;
         std::span<M> src = s == 0 ? e.main_weights(u) : opt.state(u, s - 1);
         host.reserve(L.shard_numel());
-        ops::copy_to_host(std::span<M>(host.data(), L.shard_numel()), std::span<const M>(src.subspan(sb, L.shard_numel())));
+        const std::span<M> shard(host.data(), L.shard_numel());
+        if (L.splits() == 1) {  // this rank's shard inside its optimizer range (the range under no_shard)
+          ops::copy_to_host(shard, std::span<const M>(src.subspan(L.shard_begin(r) - lo, L.shard_numel())));
+        } else {  // outer<optim>: the replicas' parts of the shard
+          std::vector<M> part(n);
+          ops::copy_to_host(std::span<M>(part), std::span<const M>(src));
+          comm::label lbl("checkpoint_gather", L.name().c_str());
+          comm::all_gather_host(e.outer_communicator(), std::span<const M>(part), shard);
+        }
         for (; k < mine.size() && mine[k].unit == u && mine[k].state == s; ++k) {
           const auto& pe = mine[k];
           const void* p = host.data() + pe.p.shard_begin;
           const std::size_t bytes = pe.p.count * sizeof(M);
-          f.write(p, bytes);
+          if (writer) f->write(p, bytes);
           const std::uint64_t d = checksum64::of(p, bytes);
           whole.update(&d, sizeof d);  // each byte is hashed once (see index.hpp)
           sums[k] = std::int64_t(d);
         }
       }
     }
-    if (o.at_point) o.at_point("before-sync");
-    f.sync_and_close();
+    if (o.at_point && writer) o.at_point("before-sync");
+    if (writer) f->sync_and_close();
     sums[widest] = std::int64_t(whole.digest());
-    sums[widest + 1] = std::int64_t(f.written());
+    sums[widest + 1] = writer ? std::int64_t(f->written()) : 0;
   } catch (...) {
     err = std::current_exception();
   }
@@ -202,20 +214,20 @@ fs::path save(Opt& opt, const fs::path& root, long step, const save_options& o =
   // earlier, another rank's next write fails with "No such file or directory"
   // and that, not the first cause (a full disk, say), can be the first line printed.
   try {
-    comm::agree_or_throw(e.communicator(), err, "checkpoint::save (writing rank files)");
+    e.agree_or_throw(err, "checkpoint::save (writing rank files)");
   } catch (...) {
-    if (r == 0) {
+    if (r == 0 && writer) {
       std::error_code ec;
       fs::remove_all(tmp, ec);
     }
     throw;
   }
-  if (o.at_point) o.at_point("after-files");
+  if (o.at_point && writer) o.at_point("after-files");
 
   // Every rank's checksums to every rank.
   comm::all_gather_host(e.communicator(), std::span<const std::int64_t>(sums), std::span<std::int64_t>(all));
 
-  if (r == 0) {
+  if (r == 0 && writer) {
     try {
       index_info x;
       x.step = step;
@@ -286,7 +298,7 @@ fs::path save(Opt& opt, const fs::path& root, long step, const save_options& o =
       fs::remove_all(tmp, ec);
     }
   }
-  comm::agree_or_throw(e.communicator(), err, "checkpoint::save (index)");
+  e.agree_or_throw(err, "checkpoint::save (index)");
   return final_dir;
 }
 
@@ -371,7 +383,7 @@ load_result load(Opt& opt, const fs::path& dir) {
   } catch (...) {
     err = std::current_exception();
   }
-  comm::agree_or_throw(e.communicator(), err, "checkpoint::load");
+  e.agree_or_throw(err, "checkpoint::load");
   // Every rank has everything it needs: now, and only now, the model changes.
   typename ops::template staging<M> bounce;  // pinned on the CUDA backend
   auto put = [&](std::span<M> dst, const std::vector<M>& src) {

@@ -413,6 +413,30 @@ private:
   std::_Exit(code);
 }
 
+//! The number of ranks on this rank's node (MPI_COMM_TYPE_SHARED): the
+//! default shard group of a mesh (comm/mesh.hpp). Collective. Every node
+//! must hold the same number of ranks, numbered contiguously (what srun and
+//! mpirun's default by-slot mapping do); else a tessera: error on every rank
+//! that names the layout found, and a mesh needs an explicit S.
+[[nodiscard]] inline int node_size(const mpi& world) {
+  MPI_Comm node = MPI_COMM_NULL;
+  TESSERA_MPI(MPI_Comm_split_type(world.native(), MPI_COMM_TYPE_SHARED, world.rank(), MPI_INFO_NULL, &node));
+  int local = 0, n = 0;
+  MPI_Comm_rank(node, &local);
+  MPI_Comm_size(node, &n);
+  MPI_Comm_free(&node);
+  // Uniform and contiguous on every rank: the min and max of n agree, and
+  // every rank sits at position rank % n of its node.
+  int v[3] = {n, -n, local == world.rank() % n ? 1 : 0};
+  int got[3];
+  TESSERA_MPI(MPI_Allreduce(v, got, 3, MPI_INT, MPI_MIN, world.native()));
+  TESSERA_CHECK(got[0] == -got[1] && got[2] == 1, "node_size: nodes hold between ", got[0], " and ", -got[1],
+                " ranks", got[2] ? "" : ", not numbered contiguously per node",
+                "; a mesh's default shard group is one node, so give the shard group size explicitly "
+                "(--shard-group S)");
+  return n;
+}
+
 //! The main of an MPI program that uses Tessera: initialises MPI
 //! (mpi_session), runs body() and returns its exit code. An exception on any
 //! rank prints its message with the rank, writes the trace file and ends

@@ -119,7 +119,7 @@ public:
     for (std::size_t u = 0; u < units_.size(); ++u) ops::sum_squares_into(std::span<const G>(e_.norm_grads(u)), acc_.data());
     {
       comm::label lbl("grad_norm");
-      e_.communicator().all_reduce(acc_.data(), acc_.data(), 2, dtype::f64, comm::reduce_op::sum);
+      e_.sum_partials(acc_.data(), 2);  // each element counted once on any mesh
     }
     double partial[2];
     ops::copy_to_host(std::span<double>(partial, 2), std::span<const double>(acc_.span()));

@@ -8,6 +8,7 @@
 #include "tessera/core/dtype.hpp"
 #include "tessera/policy/averaging.hpp"
 #include "tessera/policy/backend.hpp"
+#include "tessera/policy/outer.hpp"
 #include "tessera/policy/precision.hpp"
 #include "tessera/policy/strategy.hpp"
 #include "tessera/policy/wrapper.hpp"
@@ -19,6 +20,15 @@ namespace detail {
 // our one message and not a cascade of "no member named shards_params".
 template <class S> constexpr bool shards_params_or_false() {
   if constexpr (sharding_strategy<S>) return S::shards_params;
+  else return false;
+}
+
+template <class S> constexpr bool shards_grads_or_true() {
+  if constexpr (sharding_strategy<S>) return S::shards_grads;
+  else return true;
+}
+template <class W> constexpr bool row_shards_or_false() {
+  if constexpr (wrapper_policy<W>) return W::row_shards;
   else return false;
 }
 
@@ -39,7 +49,9 @@ struct first_of<Is, Default, P, Ps...> {
 template <class P> struct is_precision : std::bool_constant<precision_policy<P>> {};
 template <class P> struct is_averaging : std::bool_constant<averaging_policy<P>> {};
 template <class P> struct is_backend : std::bool_constant<backend_policy<P>> {};
-template <class P> constexpr bool is_optional_policy = precision_policy<P> || averaging_policy<P> || backend_policy<P>;
+template <class P> struct is_outer : std::bool_constant<outer_policy<P>> {};
+template <class P>
+constexpr bool is_optional_policy = precision_policy<P> || averaging_policy<P> || backend_policy<P> || outer_policy<P>;
 }  // namespace detail
 
 //! Whether wrapper W can run strategy S. DistributedDataParallel keeps
@@ -69,8 +81,10 @@ inline constexpr bool wrapper_supports_v =
 //! The compile-time description of a data-parallel setup: a strategy, a
 //! wrapper (default fsdp), then, in any order and each at most once, a
 //! precision (default full_precision<float>), an averaging policy (default
-//! average_in_collective) and a backend (default backend::host):
+//! average_in_collective), a backend (default backend::host) and an outer
+//! policy for meshes (default outer<no_shard>; policy/outer.hpp):
 //!   config<optim_grads_params, fsdp, backend::cuda, mixed_precision<bf16, float>>
+//!   config<optim_grads_params, fsdp, outer<optim>>   (HFSDP on a mesh)
 //! The positional form config<S, W, P, A, B> is the same thing written in order.
 template <class Strategy, class Wrapper = fsdp, class... Policies>
 struct config {
@@ -93,6 +107,7 @@ private:
   static constexpr int precisions = (0 + ... + int(precision_policy<Policies>));
   static constexpr int averagings = (0 + ... + int(averaging_policy<Policies>));
   static constexpr int backends = (0 + ... + int(backend_policy<Policies>));
+  static constexpr int outers = (0 + ... + int(outer_policy<Policies>));
   static constexpr bool all_known = (true && ... && detail::is_optional_policy<Policies>);
   // An argument that is no policy is named after the first kind not yet given
   // (so the positional form reads as before); exactly one message fires.
@@ -107,9 +122,9 @@ private:
   static_assert(all_known || precisions == 0 || averagings == 0 || backends == 0,
                 "tessera: a config argument is not a tessera policy; after the strategy and the wrapper, config "
                 "takes a precision, an averaging policy and a backend, each at most once");
-  static_assert(precisions <= 1 && averagings <= 1 && backends <= 1,
-                "tessera: config was given two policies of one kind; give each of precision, averaging and "
-                "backend at most once (in any order)");
+  static_assert(precisions <= 1 && averagings <= 1 && backends <= 1 && outers <= 1,
+                "tessera: config was given two policies of one kind; give each of precision, averaging, "
+                "backend and outer at most once (in any order)");
 
 public:
   using strategy = Strategy;
@@ -117,11 +132,20 @@ public:
   using precision = typename detail::first_of<detail::is_precision, full_precision<float>, Policies...>::type;
   using averaging = typename detail::first_of<detail::is_averaging, average_in_collective, Policies...>::type;
   using backend_type = typename detail::first_of<detail::is_backend, backend::host, Policies...>::type;
+  //! Across the replica groups of a mesh (policy/outer.hpp); nothing on a flat world.
+  using outer_type = typename detail::first_of<detail::is_outer, outer<no_shard>, Policies...>::type;
   using compute_type = typename detail::precision_types<precision>::compute;
   using main_type = typename detail::precision_types<precision>::main;
   using grad_type = typename detail::precision_types<precision>::grad;
   using wire_type = typename detail::precision_types<precision>::wire;
 
+  static_assert(!outer_type::splits_optimizer || detail::shards_grads_or_true<Strategy>(),
+                "tessera: outer<optim> (HFSDP) splits the gradient shard of a sharded-gradient strategy again "
+                "across replica groups; choose optim_grads or optim_grads_params inside the shard group (for "
+                "no_shard or optim, shard the optimizer over the whole world: optim on a flat world)");
+  static_assert(!outer_type::splits_optimizer || !detail::row_shards_or_false<Wrapper>(),
+                "tessera: fsdp2 keeps whole rows per rank, which outer<optim> would cut; fsdp2 on a mesh is "
+                "outer<no_shard> (PyTorch FSDP2's (Replicate, Shard) mesh); use fsdp for HFSDP");
   static_assert(std::is_same_v<main_type, float> || std::is_same_v<main_type, double>,
                 "tessera: the main-weight type must be float or double (an inexact or integer "
                 "type loses small updates); choose mixed_precision<bf16, float> for bf16 compute");

@@ -3,6 +3,7 @@
 #include "tessera/policy/averaging.hpp"
 #include "tessera/policy/backend.hpp"
 #include "tessera/policy/config.hpp"
+#include "tessera/policy/outer.hpp"
 #include "tessera/policy/precision.hpp"
 #include "tessera/policy/strategy.hpp"
 #include "tessera/policy/wrapper.hpp"

@@ -55,14 +55,25 @@ struct piece {
   [[nodiscard]] bool empty() const noexcept { return count == 0; }
 };
 
-//! One unit: named tensors in one flat buffer, and its split over `world` ranks.
+//! The part of piece p that falls in [lo, lo + n) of its shard, relative to lo.
+[[nodiscard]] inline piece clip(const piece& p, std::size_t lo, std::size_t n) noexcept {
+  const std::size_t b = std::max(p.shard_begin, lo), e = std::min(p.shard_begin + p.count, lo + n);
+  if (p.empty() || b >= e) return {};
+  return {p.tensor_begin + (b - p.shard_begin), b - lo, e - b};
+}
+
+//! One unit: named tensors in one flat buffer, and its split over `world`
+//! ranks. With `splits` > 1 every shard is padded so that it also cuts into
+//! `splits` equal parts of whole alignment granules (outer<optim> splits a
+//! rank's optimizer range across the replica groups of a mesh).
 class unit_layout {
 public:
   unit_layout(std::string name, std::vector<tensor_spec> specs, int world, std::size_t alignment,
-              layout_kind kind = layout_kind::flat)
-      : name_(std::move(name)), world_(world), alignment_(alignment), kind_(kind) {
+              layout_kind kind = layout_kind::flat, std::size_t splits = 1)
+      : name_(std::move(name)), world_(world), alignment_(alignment), splits_(splits), kind_(kind) {
     TESSERA_CHECK(world >= 1, "world size ", world, " for unit '", name_, "'");
     TESSERA_CHECK(alignment >= 1, "alignment 0 for unit '", name_, "'");
+    TESSERA_CHECK(splits >= 1, "0 splits for unit '", name_, "'");
     std::size_t off = 0, in_shard = 0;
     for (auto& s : specs) {
       tensor_slot t{std::move(s), round_up(off, alignment), 0};
@@ -83,10 +94,10 @@ public:
     numel_ = off;
     if (kind == layout_kind::rows) {
       // N blocks of ceil(rows / N) rows hold every tensor, so N x shard >= the compute layout's numel.
-      shard_ = round_up(std::max<std::size_t>(in_shard, 1), alignment);
+      shard_ = round_up(std::max<std::size_t>(in_shard, 1), alignment * splits);
       padded_ = shard_ * std::size_t(world);
     } else {
-      padded_ = round_up(std::max<std::size_t>(off, 1), std::size_t(world) * alignment);
+      padded_ = round_up(std::max<std::size_t>(off, 1), std::size_t(world) * alignment * splits);
       shard_ = padded_ / std::size_t(world);
     }
   }
@@ -95,13 +106,15 @@ public:
   [[nodiscard]] const std::vector<tensor_slot>& tensors() const noexcept { return tensors_; }
   [[nodiscard]] int world() const noexcept { return world_; }
   [[nodiscard]] std::size_t alignment() const noexcept { return alignment_; }
+  //! Equal parts each shard cuts into (1 but under outer<optim>).
+  [[nodiscard]] std::size_t splits() const noexcept { return splits_; }
   [[nodiscard]] layout_kind kind() const noexcept { return kind_; }
   //! Whether the gathered buffer differs from the compute layout (rows over
   //! several ranks), so gathers are copied out and gradients copied in.
   [[nodiscard]] bool permuted() const noexcept { return kind_ == layout_kind::rows && world_ > 1; }
   //! Elements up to the end of the last tensor in the compute layout.
   [[nodiscard]] std::size_t numel() const noexcept { return numel_; }
-  //! Flat buffer size: numel rounded up to world x alignment (never 0).
+  //! Flat buffer size: numel rounded up to world x alignment x splits (never 0).
   [[nodiscard]] std::size_t padded_numel() const noexcept { return padded_; }
   //! Elements per rank.
   [[nodiscard]] std::size_t shard_numel() const noexcept { return shard_; }
@@ -132,7 +145,7 @@ private:
   std::string name_;
   std::vector<tensor_slot> tensors_;
   int world_;
-  std::size_t alignment_, numel_ = 0, padded_ = 0, shard_ = 0;
+  std::size_t alignment_, splits_ = 1, numel_ = 0, padded_ = 0, shard_ = 0;
   layout_kind kind_ = layout_kind::flat;
 };
 

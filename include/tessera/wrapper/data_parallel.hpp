@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "tessera/comm/communicator.hpp"
+#include "tessera/comm/mesh.hpp"
 #include "tessera/policy/config.hpp"
 #include "tessera/shard/layout.hpp"
 #include "tessera/wrapper/detail/engine.hpp"
@@ -91,6 +92,13 @@ public:
   explicit data_parallel_base(Comm& comm, wrapper_options opt = {}) : e_(comm, opt) {
     comm::check_communicator<Comm, backend_type>();
   }
+  //! On a mesh (comm::make_mesh): the config's strategy inside each shard
+  //! group, its outer policy (outer<no_shard> = HSDP, outer<optim> = HFSDP)
+  //! across the replica groups. The mesh must outlive the wrapper.
+  template <class Comm>
+  explicit data_parallel_base(comm::mesh<Comm>& m, wrapper_options opt = {}) : e_(m.shard, m.replica, opt) {
+    comm::check_communicator<Comm, backend_type>();
+  }
 
   //! Registers a unit: parameters gathered, computed and released together.
   unit_id add_unit(std::string name) { return e_.registry().add_unit(std::move(name)); }
@@ -156,8 +164,12 @@ public:
     e_.lend_grad_shard(std::size_t(u.index), memory);
   }
 
+  //! This rank and the ranks the strategy shards over: the shard group on a mesh.
   [[nodiscard]] int rank() const { return e_.rank(); }
   [[nodiscard]] int world() const { return e_.world(); }
+  //! Replica groups of the mesh (1 on a flat world) and this rank's group.
+  [[nodiscard]] int replicas() const { return e_.replicas(); }
+  [[nodiscard]] int replica_rank() const { return e_.replica_rank(); }
   [[nodiscard]] bool finalized() const noexcept { return e_.registry().finalized(); }
   [[nodiscard]] std::size_t num_units() const noexcept { return e_.registry().num_units(); }
   [[nodiscard]] std::size_t num_params() const noexcept { return e_.registry().num_params(); }

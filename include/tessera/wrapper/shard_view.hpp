@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
+#include <string_view>
 #include <span>
 #include <utility>
 #include <vector>
@@ -47,8 +49,21 @@ public:
   [[nodiscard]] int rank() const { return e_->rank(); }
   [[nodiscard]] int world() const { return e_->world(); }
   [[nodiscard]] bool finalized() const noexcept { return e_->registry().finalized(); }
-  //! The wrapper's communicator (collectives over the data-parallel ranks).
+  //! The wrapper's communicator (collectives over the ranks the strategy
+  //! shards over: the shard group on a mesh).
   [[nodiscard]] comm::handle<backend_type>& communicator() const noexcept { return e_->communicator(); }
+  //! Replica groups of the mesh (1 on a flat world), this rank's group, and
+  //! their communicator (empty on a flat world).
+  [[nodiscard]] int replicas() const { return e_->replicas(); }
+  [[nodiscard]] int replica_rank() const { return e_->replica_rank(); }
+  [[nodiscard]] comm::handle<backend_type>& outer_communicator() const noexcept { return e_->outer_communicator(); }
+  //! Sums n partial values in backend memory (sums of squares, counts) over
+  //! the ranks whose optimizer gradients are distinct: what an optimizer's
+  //! global norm needs, counting each element once on any mesh.
+  void sum_partials(double* x, std::size_t n) const { e_->sum_partials(x, n); }
+  //! Every rank of the mesh learns whether any failed: the failing ones
+  //! rethrow their error, the others throw one naming it (comm::agree_or_throw).
+  void agree_or_throw(std::exception_ptr err, std::string_view what) const { e_->agree_or_throw(err, what); }
   [[nodiscard]] std::size_t num_units() const noexcept { return e_->registry().num_units(); }
   //! Every unit's layout: its tensors' offsets, padding and each rank's shard.
   [[nodiscard]] const std::vector<unit_layout>& layouts() const { return e_->registry().layouts(); }
@@ -56,8 +71,8 @@ public:
   //! A parameter's name, shape, offset and size in its unit's (gathered) buffer.
   [[nodiscard]] const tensor_slot& slot(param_id p) const { return e_->registry().slot(p); }
   //! [first element, count) of this rank's optimizer range in unit u's flat
-  //! buffer: its shard where the optimizer is sharded, the whole padded unit
-  //! under no_shard.
+  //! buffer: its shard where the optimizer is sharded (under outer<optim>, its
+  //! replica group's part of the shard), the whole padded unit under no_shard.
   [[nodiscard]] std::pair<std::size_t, std::size_t> opt_range(std::size_t u) const {
     return e_->store().opt_range(checked(u));
   }
@@ -66,7 +81,7 @@ public:
   //! [tensor_begin, +count) at range elements [shard_begin, +count) (relative
   //! to the range; empty where this rank holds none of it).
   [[nodiscard]] piece range_piece(std::size_t u, std::size_t t) const {
-    return detail::storage<Cfg>::range_piece(layout(u), t, rank());
+    return detail::storage<Cfg>::range_piece(layout(u), t, rank(), e_->store().part());
   }
 
   //! This rank's rows of parameter p under fsdp2: rows [first_row, first_row

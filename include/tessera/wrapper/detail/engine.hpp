@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <exception>
 #include <limits>
 #include <string_view>
 #include <span>
@@ -56,14 +57,29 @@ private:
 public:
   template <class Comm>
   dp_engine(Comm& comm, wrapper_options opt) : comm_(comm), opt_(opt) {
+    check_options();
+  }
+  //! On a mesh: the strategy over `shard` (S ranks), the config's outer
+  //! policy over `replica` (R ranks); see policy/outer.hpp and comm/mesh.hpp.
+  template <class Comm>
+  dp_engine(Comm& shard, Comm& replica, wrapper_options opt) : comm_(shard), opt_(opt) {
+    if (replica.size() > 1) outer_ = comm::handle<backend_type>(replica);
+    check_options();
+  }
+  dp_engine(const dp_engine&) = delete;
+  dp_engine& operator=(const dp_engine&) = delete;
+  ~dp_engine() { drain_noexcept(); }
+
+private:
+  void check_options() {
+    const wrapper_options& opt = opt_;
     if (const char* e = std::getenv("TESSERA_POISON"); e && std::string_view(e) == "1") opt_.poison_released = true;
     TESSERA_CHECK(opt.alignment >= 1, "wrapper_options.alignment must be at least 1");
     TESSERA_CHECK(opt.gather_buffers >= 1, "wrapper_options.gather_buffers must be at least 1");
     TESSERA_CHECK(opt.grad_buffers >= 1, "wrapper_options.grad_buffers must be at least 1");
   }
-  dp_engine(const dp_engine&) = delete;
-  dp_engine& operator=(const dp_engine&) = delete;
-  ~dp_engine() { drain_noexcept(); }
+
+public:
 
   // ---- registration and what it fixed ----------------------------------------------
   [[nodiscard]] unit_registry& registry() noexcept { return reg_; }
@@ -71,19 +87,45 @@ public:
   //! Fixes the layout, checks that every rank registered the same model
   //! (collective), and allocates. Parameters start at zero.
   void finalize() {
+    const std::size_t splits = Cfg::outer_type::splits_optimizer ? std::size_t(replicas()) : 1;
     reg_.finalize(comm_, opt_.alignment, config_text(),
-                  Cfg::wrapper::row_shards ? layout_kind::rows : layout_kind::flat);
+                  Cfg::wrapper::row_shards ? layout_kind::rows : layout_kind::flat, splits, outer_);
     solo_ = rules::solo(comm_.size());
     rows_.prepare(reg_.layouts());
     plan_ = rules::plan(reg_.layouts(), comm_.size(), opt_);
-    store_.allocate(reg_, comm_, solo_, opt_.lend_grad_shards);
+    store_.allocate(reg_, comm_, solo_, opt_.lend_grad_shards, outer_);
     units_.resize(store_.size());
+    outer_reqs_.resize(store_.size());
     allocate_pools();
   }
   [[nodiscard]] const memory_plan& planned() const { return reg_.require_final("planned()"), plan_; }
   [[nodiscard]] int rank() const { return comm_.rank(); }
   [[nodiscard]] int world() const { return comm_.size(); }
   [[nodiscard]] comm::handle<backend_type>& communicator() noexcept { return comm_; }
+  //! Replica groups of the mesh (1 on a flat world) and this rank's among them.
+  [[nodiscard]] int replicas() const { return outer_ ? outer_.size() : 1; }
+  [[nodiscard]] int replica_rank() const { return outer_ ? outer_.rank() : 0; }
+  //! The replica group's communicator; empty (false) on a flat world.
+  [[nodiscard]] comm::handle<backend_type>& outer_communicator() noexcept { return outer_; }
+  //! Sums n partial values (backend memory) over every rank that holds a
+  //! distinct part of the optimizer's gradients: the shard group, and the
+  //! replicas too under outer<optim> (under outer<no_shard> every replica
+  //! holds the same gradients, so each would count them again).
+  void sum_partials(double* x, std::size_t n) {
+    comm_.all_reduce(x, x, n, dtype::f64, comm::reduce_op::sum);
+    if (outer_ && Cfg::outer_type::splits_optimizer) outer_.all_reduce(x, x, n, dtype::f64, comm::reduce_op::sum);
+  }
+  //! agree_or_throw over the whole mesh: every rank throws if any failed.
+  void agree_or_throw(std::exception_ptr err, std::string_view what) {
+    std::exception_ptr group;
+    try {
+      comm::agree_or_throw(comm_, err, what);
+    } catch (...) {
+      group = std::current_exception();
+    }
+    if (outer_) comm::agree_or_throw(outer_, group, what);
+    else if (group) std::rethrow_exception(group);
+  }
   [[nodiscard]] const unit_layout& layout(std::size_t u) const { return reg_.layout(u); }
 
   // ---- parameter values -----------------------------------------------------------
@@ -163,7 +205,10 @@ public:
     st.reduced = true;
     touched_ = true;
     if (store_.has_full_grads()) (void)store_.full_grads(u);  // nobody wrote: zeros
-    if (solo_) return;  // one rank, wire = grad type: the sum over ranks is the gradient itself
+    if (solo_) {  // one rank, wire = grad type: the sum over the group is the gradient itself
+      if (mb_index_ == mb_count_ - 1) issue_outer(u);
+      return;
+    }
     if (!strategy::shards_grads && mb_index_ != mb_count_ - 1) return;  // accumulate locally, communicate once
     if constexpr (rules::persistent_full_grads) {
       issue_reduction(u, acquire_slot(u, false), store_[u].grad_full.span());
@@ -186,6 +231,7 @@ public:
     TESSERA_CHECK(mb_index_ == mb_count_ - 1, "finish_grad_sync in micro-batch ", mb_index_, " of ", mb_count_,
                   "; it ends the last one");
     sync_micro_batch();
+    wait_outer();
     grads_ready_ = true;
   }
   [[nodiscard]] bool grads_ready() const noexcept { return grads_ready_; }
@@ -194,6 +240,7 @@ public:
   void zero_grad() {
     reg_.require_final("zero_grad()");
     complete_all();
+    wait_outer();
     store_.start_accumulation();
     for (auto& st : units_) {
       st.reduced = false;
@@ -244,6 +291,7 @@ public:
   //! Waits for every collective in flight.
   void synchronize() {
     complete_all();
+    wait_outer();
     store_.wait_weights();
     gathers_.wait_all();
   }
@@ -320,7 +368,8 @@ private:
     return std::string(strategy::name) + " / " + std::string(Cfg::wrapper::name) + " / compute " +
            std::string(name_of(dtype_of_v<C>)) + ", main " + std::string(name_of(dtype_of_v<M>)) + ", grads " +
            std::string(name_of(dtype_of_v<G>)) + ", wire " + std::string(name_of(dtype_of_v<W>)) + " / " +
-           std::string(Cfg::averaging::name) + " / alignment " + std::to_string(opt_.alignment);
+           std::string(Cfg::averaging::name) + " / alignment " + std::to_string(opt_.alignment) + " / outer " +
+           std::string(Cfg::outer_type::name) + " x " + std::to_string(replicas());
   }
   // Where each unit is in the micro-batch protocol.
   struct unit_state {
@@ -351,7 +400,7 @@ private:
   void issue_reduction(std::size_t u, int s, std::span<G> src) {
     const auto& L = layout(u);
     const int N = world();
-    const float pre = std::is_same_v<typename Cfg::averaging, pre_divide> ? 1.0f / float(N) : 1.0f;
+    const float pre = std::is_same_v<typename Cfg::averaging, pre_divide> ? 1.0f / float(N * replicas()) : 1.0f;
     const auto op = std::is_same_v<typename Cfg::averaging, average_in_collective> ? comm::reduce_op::avg
                                                                                     : comm::reduce_op::sum;
     W* send;
@@ -431,6 +480,7 @@ private:
     const std::size_t u = std::size_t(slots_.complete(s));
     store_[u].shard_fresh = false;
     if (units_[u].grad_slot == s) units_[u].grad_slot = -1;
+    if (mb_index_ == mb_count_ - 1) issue_outer(u);  // the group's sum is final: on to the replicas
     if (!misuse.empty()) fail(misuse);  // after the bookkeeping: the wrapper stays usable
   }
   void complete_all() {
@@ -444,7 +494,35 @@ private:
     complete_all();
   }
 
+  // On a mesh, once unit u's gradients are reduced within the shard group
+  // for the step: all-reduce them across the replicas (outer<no_shard>), or
+  // reduce-scatter them into this replica's part (outer<optim>). One
+  // collective per unit and step, on the replica communicator (its own
+  // stream under NCCL), in the same unit order on every rank; it overlaps
+  // the rest of backward. Averaging divides by the whole world: the group's
+  // reduction by S (or pre_divide by R x S), this one by R.
+  void issue_outer(std::size_t u) {
+    if (!outer_) return;
+    constexpr bool averages = std::is_same_v<typename Cfg::averaging, average_in_collective> ||
+                              std::is_same_v<typename Cfg::averaging, post_divide>;
+    const auto op = averages ? comm::reduce_op::avg : comm::reduce_op::sum;
+    const auto g = store_.group_grads(u);
+    if (solo_ && std::is_same_v<typename Cfg::averaging, pre_divide>)  // no group reduction divided them
+      ops::for_each(g.size(), scale_convert<G, G>{g.data(), g.data(), 1.0f / float(replicas())});
+    comm::label lbl("outer_reduce", layout(u).name().c_str());
+    if constexpr (Cfg::outer_type::splits_optimizer) {
+      const auto part = store_.opt_grads(u);
+      outer_reqs_[u] = outer_.ireduce_scatter(g.data(), part.data(), part.size(), dtype_of_v<G>, op);
+    } else {
+      outer_reqs_[u] = outer_.iall_reduce(g.data(), g.data(), g.size(), dtype_of_v<G>, op);
+    }
+  }
+  void wait_outer() {
+    for (auto& q : outer_reqs_) q.wait();
+  }
+
   void start_gather(std::size_t u, bool for_prefetch) {
+    store_[u].weights_ready.wait();  // outer<optim>: the replicas' parts of the new shard
     const auto held = [this](std::size_t v) { return units_[v].holders > 0; };
     comm::label lbl(for_prefetch ? "prefetch" : "gather", layout(u).name().c_str());
     const auto& L = layout(u);
@@ -497,6 +575,8 @@ private:
   }
 
   comm::handle<backend_type> comm_;
+  comm::handle<backend_type> outer_;  // the replica group on a mesh of R > 1 groups; empty otherwise
+  std::vector<comm::request> outer_reqs_;  // per unit: its reduction across replicas this step
   wrapper_options opt_;
   unit_registry reg_;
   unit_store<Cfg> store_;

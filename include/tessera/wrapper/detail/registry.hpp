@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -43,19 +44,29 @@ public:
   //! `config` describes what decides the collectives besides the model
   //! (strategy, wrapper, precision, averaging, alignment): it is checked
   //! first, with its own message.
-  template <class Comm>
+  //! `outer`: a mesh's replica group (may be empty), which must agree too;
+  //! `splits`: parts per shard (outer<optim>).
+  template <class Comm, class Outer = Comm*>
   void finalize(Comm& c, std::size_t alignment, const std::string& config = {},
-                layout_kind kind = layout_kind::flat) {
+                layout_kind kind = layout_kind::flat, std::size_t splits = 1, Outer outer = nullptr) {
     check_open("finalize()");
     TESSERA_CHECK(!specs_.empty(), "finalize() with no unit registered");
     comm::label l("finalize");
     TESSERA_CHECK(comm::all_same(c, checksum64::of(config.data(), config.size())), "ranks disagree on the configuration: rank ", c.rank(),
                   " runs ", config, ", another rank something else; every rank must build the same config<...> and "
                   "wrapper_options");
-    for (auto& s : specs_) layouts_.emplace_back(s.name, s.tensors, c.size(), alignment, kind);
-    TESSERA_CHECK(comm::all_same(c, digest(layouts_)), "ranks disagree on the model: rank ", c.rank(),
+    for (auto& s : specs_) layouts_.emplace_back(s.name, s.tensors, c.size(), alignment, kind, splits);
+    const bool same_model = comm::all_same(c, digest(layouts_));
+    TESSERA_CHECK(same_model, "ranks disagree on the model: rank ", c.rank(),
                   " registered a different set of units, parameter names or shapes than another rank (",
                   layouts_.size(), " units, ", num_params(), " elements here)");
+    if constexpr (!std::is_pointer_v<Outer>)
+    if (outer) {  // and across the replica groups, each of which agreed within itself
+      TESSERA_CHECK(comm::all_same(outer, checksum64::of(config.data(), config.size()) ^ digest(layouts_)),
+                    "replica groups of the mesh disagree on the configuration or the model: rank ", c.rank(),
+                    " of its shard group runs ", config, " with ", layouts_.size(), " units, ", num_params(),
+                    " elements; every rank must build the same config<...>, wrapper_options and model");
+    }
     finalized_ = true;
   }
 

@@ -7,7 +7,9 @@
 //! - compute weights (C): the full padded unit when parameters are replicated,
 //!   the rank's shard under optim_grads_params (gathered into a pool slot on use);
 //! - optimizer range: what this rank's optimizer updates. The full padded unit
-//!   for no_shard (every rank updates identically), the rank's shard otherwise;
+//!   for no_shard (every rank updates identically), the rank's shard otherwise,
+//!   and under outer<optim> on a mesh one of the shard's L.splits() equal
+//!   parts: part j for the rank of replica group j;
 //! - main weights (M) over the optimizer range. When M == C they alias the
 //!   compute weights, so full_precision holds each weight once;
 //! - gradients (G): a persistent full buffer for no_shard and optim (they
@@ -42,19 +44,31 @@ struct storage {
   //! so the shard is the whole unit and gather / reduce become views.
   static constexpr bool solo(int world) noexcept { return world == 1 && wire_is_grad; }
 
-  //! [first element, count) of rank r's optimizer range in unit L.
-  static std::pair<std::size_t, std::size_t> opt_range(const unit_layout& L, int r) noexcept {
-    if constexpr (strategy::shards_optimizer) return {L.shard_begin(r), L.shard_numel()};
-    else return {0, L.padded_numel()};
+  //! [first element, count) of rank r's optimizer range in unit L (part
+  //! `part` of its shard where the layout splits shards: outer<optim>).
+  static std::pair<std::size_t, std::size_t> opt_range(const unit_layout& L, int r, int part = 0) noexcept {
+    if constexpr (strategy::shards_optimizer) {
+      const std::size_t n = L.shard_numel() / L.splits();
+      return {L.shard_begin(r) + std::size_t(part) * n, n};
+    } else {
+      return {0, L.padded_numel()};
+    }
+  }
+  //! Where rank r's optimizer range starts in the compute weights it holds:
+  //! its shard under optim_grads_params, the whole unit otherwise.
+  static std::size_t range_in_weights(const unit_layout& L, int r, int part = 0) noexcept {
+    const std::size_t lo = opt_range(L, r, part).first;
+    return strategy::shards_params ? lo - L.shard_begin(r) : lo;
   }
 
   //! Tensor t's part of rank r's optimizer range: tensor elements
   //! [tensor_begin, +count) at range elements [shard_begin, +count). The rank's
   //! piece where the optimizer is sharded, the whole tensor at its offset under
   //! no_shard (the range is the whole unit then).
-  static piece range_piece(const unit_layout& L, std::size_t t, int r) {
+  static piece range_piece(const unit_layout& L, std::size_t t, int r, int part = 0) {
     if constexpr (strategy::shards_optimizer) {
-      return L.piece_of(t, r);
+      const std::size_t n = L.shard_numel() / L.splits();
+      return clip(L.piece_of(t, r), std::size_t(part) * n, n);
     } else {
       const auto& s = L.tensors().at(t);
       return s.numel ? piece{0, s.offset, s.numel} : piece{};
@@ -82,12 +96,13 @@ struct storage {
     const bool permuted = !units.empty() && units.front().permuted();
     for (auto& u : units) {
       const std::size_t full = u.padded_numel(), shard = u.shard_numel();
-      const std::size_t opt_n = strategy::shards_optimizer ? shard : full;
+      const std::size_t opt_n = strategy::shards_optimizer ? shard / u.splits() : full;
       max_padded = std::max(max_padded, full);
       p.compute_weights += (strategy::shards_params ? shard : full) * sizeof(C);
       if (!main_aliases_compute) p.main_weights += opt_n * sizeof(M);
       if (persistent_full_grads || alone) p.grads += full * sizeof(G);
       if (strategy::shards_optimizer && !alone && !o.lend_grad_shards) p.grads += shard * sizeof(G);
+      if (u.splits() > 1) p.grads += opt_n * sizeof(G);  // outer<optim>: the part reduce-scattered across replicas
     }
     if (alone) return p;  // no gather or reduction buffers: nothing is communicated
     // A rows layout gathers into a buffer in shard order and copies out into

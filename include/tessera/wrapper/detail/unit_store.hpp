@@ -40,15 +40,21 @@ public:
     buffer<G> grad_full;          // persistent full gradients (no_shard, optim; or one rank alone)
     buffer<G> own_shard;          // the reduced gradient shard's memory, unless lent
     G* grad_shard = nullptr;      // reduced gradient shard (sharded optimizer): own_shard or lent memory
-    comm::request weights_ready;  // post-step all-gather (optim, optim_grads)
+    buffer<G> part_grads;         // outer<optim>: this replica's part of the shard, reduced across replicas
+    comm::request weights_ready;  // post-step all-gather (optim, optim_grads; across replicas under outer<optim>)
     bool shard_fresh = true;      // grad_shard holds nothing yet this step
     bool zero_pending = false;    // grad_full is logically zero (see full_grads)
   };
 
-  //! Allocates every unit's buffers (after the registry is finalized); `solo`: one rank holds everything.
-  void allocate(const unit_registry& reg, comm::handle<B> c, bool solo, bool lend_shards) {
+  //! Allocates every unit's buffers (after the registry is finalized); `solo`:
+  //! one rank holds everything; `outer`: the replica group of a mesh (empty on
+  //! a flat world), whose rank is this rank's part of a split shard.
+  void allocate(const unit_registry& reg, comm::handle<B> c, bool solo, bool lend_shards,
+                comm::handle<B> outer = {}) {
     reg_ = &reg;
     comm_ = c;
+    outer_ = outer;
+    part_ = Cfg::outer_type::splits_optimizer && outer ? outer.rank() : 0;
     solo_ = solo;
     for (const auto& L : reg.layouts()) {
       unit st;
@@ -56,7 +62,7 @@ public:
                                            : comm_buffer<C, B>(c, L.padded_numel(), false);
       ops::fill(st.weights.span(), C{});
       if constexpr (!rules::main_aliases_compute) {
-        st.main = buffer<M>(rules::opt_range(L, c.rank()).second);
+        st.main = buffer<M>(rules::opt_range(L, c.rank(), part_).second);
         ops::fill(st.main.span(), M{});
       }
       if (has_full_grads()) {
@@ -67,6 +73,10 @@ public:
         st.own_shard = buffer<G>(L.shard_numel());
         ops::fill(st.own_shard.span(), G{});
         st.grad_shard = st.own_shard.data();
+      }
+      if (L.splits() > 1) {
+        st.part_grads = buffer<G>(rules::opt_range(L, c.rank(), part_).second);
+        ops::fill(st.part_grads.span(), G{});
       }
       units_.push_back(std::move(st));
     }
@@ -81,12 +91,13 @@ public:
 
   // ---- what the optimizer works on ------------------------------------------------
   [[nodiscard]] std::pair<std::size_t, std::size_t> opt_range(std::size_t u) const {
-    return rules::opt_range(reg_->layout(u), comm_.rank());
+    return rules::opt_range(reg_->layout(u), comm_.rank(), part_);
   }
+  //! This rank's part of a split shard: its replica rank under outer<optim>, else 0.
+  [[nodiscard]] int part() const noexcept { return part_; }
   [[nodiscard]] std::span<M> main_weights(std::size_t u) {
     if constexpr (rules::main_aliases_compute) {
-      const auto [lo, n] = opt_range(u);
-      return units_.at(u).weights.span().subspan(strategy::shards_params ? 0 : lo, n);
+      return units_.at(u).weights.span().subspan(in_weights(u), opt_range(u).second);
     } else {
       return units_.at(u).main.span();
     }
@@ -95,7 +106,7 @@ public:
   //! in the same pass as the update; null when they alias the main weights.
   [[nodiscard]] C* compute_out(std::size_t u) {
     if constexpr (rules::main_aliases_compute) return nullptr;
-    else return units_.at(u).weights.data() + (strategy::shards_params ? 0 : opt_range(u).first);
+    else return units_.at(u).weights.data() + in_weights(u);
   }
   //! The persistent full gradients of unit u, zeroed first if a zero_grad is pending.
   std::span<G> full_grads(std::size_t u) {
@@ -110,8 +121,14 @@ public:
                   "called for it");
     return {units_[u].grad_shard, reg_->layout(u).shard_numel()};
   }
-  //! The gradients the optimizer reads over its range.
-  [[nodiscard]] std::span<G> opt_grads(std::size_t u) { return has_shards() ? shard(u) : full_grads(u); }
+  //! The gradients reduced within the shard group: the shard where the
+  //! optimizer is sharded over several ranks, else the full gradients.
+  [[nodiscard]] std::span<G> group_grads(std::size_t u) { return has_shards() ? shard(u) : full_grads(u); }
+  //! The gradients the optimizer reads over its range: group_grads, or under
+  //! outer<optim> this replica's part of them, reduced across the replicas.
+  [[nodiscard]] std::span<G> opt_grads(std::size_t u) {
+    return reg_->layout(u).splits() > 1 ? units_.at(u).part_grads.span() : group_grads(u);
+  }
   //! Lent memory for unit u's gradient shard (checked by the caller).
   void lend(std::size_t u, G* memory) {
     units_.at(u).grad_shard = memory;
@@ -130,7 +147,7 @@ public:
   void set_param(std::size_t u, std::size_t t, std::span<const M> full) {
     const auto& L = reg_->layout(u);
     const auto& s = L.tensors().at(t);
-    if (const piece p = rules::range_piece(L, t, comm_.rank()); !p.empty())
+    if (const piece p = rules::range_piece(L, t, comm_.rank(), part_); !p.empty())
       ops::copy_from_host(main_weights(u).subspan(p.shard_begin, p.count), full.subspan(p.tensor_begin, p.count));
     // Compute weights: the rank's piece where sharded, the whole tensor where
     // replicated (where they alias the main weights, this covers what the
@@ -151,8 +168,14 @@ public:
     if constexpr (!strategy::shards_optimizer) {
       return local;
     } else {
-      std::vector<M> full(reg_->layout(u).padded_numel());
-      comm::label lbl("gather_main", reg_->layout(u).name().c_str());
+      const auto& L = reg_->layout(u);
+      comm::label lbl("gather_main", L.name().c_str());
+      if (L.splits() > 1) {  // the parts of the shard, across the replicas, first
+        std::vector<M> shard(L.shard_numel());
+        comm::all_gather_host(outer_, std::span<const M>(local), std::span<M>(shard));
+        local = std::move(shard);
+      }
+      std::vector<M> full(L.padded_numel());
       comm::all_gather_host(comm_, std::span<const M>(local), std::span<M>(full));
       return full;
     }
@@ -163,15 +186,20 @@ public:
   void publish(bool converted) {
     for (std::size_t u = 0; u < units_.size(); ++u) {
       auto& st = units_[u];
-      const auto [lo, n] = opt_range(u);
-      C* dst = st.weights.data() + (strategy::shards_params ? 0 : lo);
+      const auto& L = reg_->layout(u);
+      const std::size_t n = opt_range(u).second;
+      C* dst = st.weights.data() + in_weights(u);
       if constexpr (!rules::main_aliases_compute)
         if (!converted) ops::for_each(n, scale_convert<C, M>{st.main.data(), dst, 1.0});
+      comm::label lbl("publish", L.name().c_str());
+      C* shard = st.weights.data() + (strategy::shards_params ? 0 : L.shard_begin(comm_.rank()));
+      if (L.splits() > 1) {  // outer<optim>: the replicas' parts into the whole shard
+        st.weights_ready = outer_.iall_gather(dst, shard, n, dtype_of_v<C>);
+        if constexpr (strategy::shards_params) continue;
+        st.weights_ready.wait();  // the shard is complete before the group gathers it
+      }
       if constexpr (strategy::shards_optimizer && !strategy::shards_params)
-        if (!solo_) {
-          comm::label lbl("publish", reg_->layout(u).name().c_str());
-          st.weights_ready = comm_.iall_gather(dst, st.weights.data(), n, dtype_of_v<C>);
-        }
+        if (!solo_) st.weights_ready = comm_.iall_gather(shard, st.weights.data(), L.shard_numel(), dtype_of_v<C>);
     }
   }
   void wait_weights() {
@@ -179,8 +207,11 @@ public:
   }
 
 private:
+  std::size_t in_weights(std::size_t u) const { return rules::range_in_weights(reg_->layout(u), comm_.rank(), part_); }
+
   const unit_registry* reg_ = nullptr;
-  comm::handle<B> comm_;
+  comm::handle<B> comm_, outer_;
+  int part_ = 0;
   std::vector<unit> units_;
   bool solo_ = false;
 };

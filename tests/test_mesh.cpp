@@ -1,0 +1,128 @@
+// Hybrid sharding on a mesh of R replica groups x S shard-group ranks: every
+// valid (strategy, wrapper, outer policy) with fp32 and bf16, on every mesh
+// the world size allows (1 x N, ..., N x 1), with accumulation, clipping,
+// lent shards, uneven batches and tensors smaller than S, equals single-rank
+// no_shard. Also: a bad shard group size fails on every rank, and get_param
+// and the checkpoints see the whole model from any mesh.
+#define BOOST_TEST_MODULE tessera_mesh
+#include "common/mpi_test_main.hpp"
+#include "common/strategy_suite.hpp"
+
+using namespace tessera;
+using F = full_precision<float>;
+using MP = mixed_precision<bf16, float>;
+using MPW = mixed_precision<bf16, float, float, bf16>;
+using HF = outer<optim>;
+using configs = std::tuple<
+    // HSDP (outer<no_shard>, the default) with each strategy and wrapper
+    config<no_shard, ddp, F>, config<optim, ddp, F, post_divide>, config<optim_grads, ddp, F>,
+    config<optim_grads_params, fsdp, F>, config<optim_grads_params, fsdp, F, pre_divide>,
+    config<optim_grads_params, fsdp2, F, sum>, config<optim_grads_params, fsdp, MPW>,
+    config<optim_grads_params, fsdp2, MP>,
+    // HFSDP (outer<optim>)
+    config<optim_grads, ddp, F, HF>, config<optim_grads, fsdp, F, HF, sum>, config<optim_grads_params, fsdp, F, HF>,
+    config<optim_grads_params, fsdp, F, HF, pre_divide>, config<optim_grads_params, fsdp, F, HF, post_divide>,
+    config<optim_grads_params, fsdp, MP, HF>, config<optim_grads_params, fsdp, MPW, HF, sum>>;
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(matches_single_rank_no_shard_on_every_mesh, Cfg, configs) {
+  comm::mpi world;
+  for (int S = 1; S <= world.size(); ++S) {
+    if (world.size() % S) continue;
+    auto m = comm::make_mesh(world, S);
+    BOOST_TEST_CONTEXT("mesh " << m.replicas() << " x " << S << " (" << Cfg::outer_type::name << " outside)") {
+      tessera_test::check_matches_single_rank_no_shard<Cfg>(m);
+    }
+  }
+}
+
+// A shard group size that does not divide the world, is 0, or differs
+// between ranks: the same error on every rank, nobody left waiting.
+BOOST_AUTO_TEST_CASE(bad_shard_group_size_fails_everywhere) {
+  comm::mpi world;
+  const int N = world.size();
+  auto fails = [&](int S, const char* what) {
+    try {
+      (void)comm::make_mesh(world, S);
+    } catch (const tessera::error& e) {
+      BOOST_TEST_MESSAGE(e.what());
+      BOOST_TEST(std::string(e.what()).find(what) != std::string::npos);
+      return;
+    }
+    BOOST_ERROR("make_mesh(" << S << ") on " << N << " ranks did not fail");
+  };
+  fails(0, "does not divide the world");
+  if (N > 1) fails(N + 1, "does not divide the world");
+  if (N > 1) fails(world.rank() == 0 ? 1 : N, "ranks disagree on the shard group size");
+  // After the failures the world still works, and a good mesh still forms.
+  auto m = comm::make_mesh(world, N);
+  BOOST_TEST(m.world_rank() == world.rank());
+  BOOST_TEST(m.world_size() == N);
+}
+
+// Replica groups that registered different models fail at finalize on every rank.
+BOOST_AUTO_TEST_CASE(replicas_that_disagree_fail_at_finalize) {
+  comm::mpi world;
+  if (world.size() < 2) return;
+  auto m = comm::make_mesh(world, 1);  // N replica groups of one rank
+  FullyShardedDataParallel<config<optim_grads_params, fsdp, F>> model(m);
+  const auto u = model.add_unit("u");
+  (void)model.add_param(u, "w", shape({m.replica.rank() == 0 ? 4 : 5}));
+  BOOST_CHECK_EXCEPTION(model.finalize(), tessera::error, [](const tessera::error& e) {
+    return std::string(e.what()).find("replica groups of the mesh disagree") != std::string::npos;
+  });
+}
+
+// A non-finite gradient on the last rank only skips the step on every rank
+// of every mesh, HSDP and HFSDP alike; the other steps apply everywhere.
+using skip_configs = std::tuple<config<optim_grads_params, fsdp, F>, config<optim_grads_params, fsdp, F, HF>,
+                                config<optim_grads, ddp, F, HF>, config<no_shard, ddp, F>>;
+BOOST_AUTO_TEST_CASE_TEMPLATE(nonfinite_gradient_skips_everywhere, Cfg, skip_configs) {
+  comm::mpi world;
+  for (int S = 1; S <= world.size(); ++S) {
+    if (world.size() % S) continue;
+    auto m = comm::make_mesh(world, S);
+    tessera_test::run_params p;
+    p.global_samples = 2 * world.size();
+    p.nonfinite_at_step1_on_last_rank = true;
+    BOOST_TEST_CONTEXT("mesh " << m.replicas() << " x " << S << ", " << Cfg::strategy::name << " / outer "
+                               << Cfg::outer_type::name) {
+      const auto got = tessera_test::train<Cfg>(m.shard, tessera_test::test_adamw(), p, &m);
+      BOOST_TEST(!got.skipped[0]);
+      BOOST_TEST(got.skipped[1]);
+      BOOST_TEST(std::isnan(got.grad_norms[1]));
+      BOOST_TEST(!got.skipped[2]);
+      for (auto& t : got.params)
+        for (double x : t) BOOST_TEST(std::isfinite(x));
+    }
+  }
+}
+
+// The memory plan on a mesh: outer<optim> holds 1/R of the main weights and
+// the optimizer's range, plus the part it reduces into; outer<no_shard> the
+// same as one shard group alone.
+BOOST_AUTO_TEST_CASE(outer_optim_divides_the_optimizer_range) {
+  comm::mpi world;
+  const int N = world.size();
+  if (N < 2) return;
+  auto flat = comm::make_mesh(world, N);       // one group of N
+  auto split = comm::make_mesh(world, N / 2);  // 2 groups of N/2 (N even) or N groups of 1
+  using MPC = config<optim_grads_params, fsdp, MP, HF>;
+  auto build = [](auto& model) {
+    const auto u = model.add_unit("u");
+    (void)model.add_param(u, "w", shape({1000, 3}));
+    model.finalize();
+    return std::make_pair(model.shards().opt_range(0).second, model.planned().main_weights);
+  };
+  FullyShardedDataParallel<MPC> a(flat), b(split);
+  const auto [na, ma] = build(a);
+  const auto [nb, mb] = build(b);
+  const std::size_t R = std::size_t(split.replicas());
+  BOOST_TEST(a.replicas() == 1);
+  BOOST_TEST(b.replicas() == int(R));
+  // The same 3000 elements over N ranks in both: N/2 x 2 parts or N x 1.
+  BOOST_TEST(nb * std::size_t(b.world()) * R >= 3000u);
+  BOOST_TEST(na * std::size_t(N) >= 3000u);
+  BOOST_TEST(nb <= na + 16 * R);  // equal up to the alignment padding
+  BOOST_TEST(mb == nb * sizeof(float));
+  BOOST_TEST(ma == na * sizeof(float));
+}
