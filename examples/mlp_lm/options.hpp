@@ -23,6 +23,7 @@ struct options {
   std::string order_check = "auto";  // auto: on over MPI, off over NCCL
   std::uint64_t seed = 1;
   std::string data, save, load, dump_weights;
+  std::string shard_group, outer = "no_shard";  // mesh: "" = flat world, "node", or S ranks per shard group
   int save_every = 0, keep = 0;
   int gemm_sms = -1, nccl_ctas = 0;  // -1: the default for the communicator (see cuda_main.cuh)
   bool json = false, recompute_gelu = false, lend_grad_shards = false, copy_engine_gathers = false;
@@ -58,6 +59,13 @@ inline int parse(int argc, char** argv, options& o) {
       ->check(CLI::IsMember({"no_shard", "optim", "optim_grads", "optim_grads_params"}));
   app.add_option("--precision", o.precision, "fp32, or bf16 (bf16 compute weights, fp32 main weights and grads)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_option("--shard-group", o.shard_group,
+                 "hybrid sharding: ranks per shard group of a mesh (the world = R replica groups x S), or 'node' for "
+                 "one node's ranks; the strategy runs inside a group (default: the whole world, flat)");
+  app.add_option("--outer", o.outer,
+                 "across the replica groups of --shard-group: no_shard (HSDP: gradients all-reduced) or optim "
+                 "(HFSDP: the optimizer split again; --wrapper fsdp --strategy optim_grads_params)")
+      ->check(CLI::IsMember({"no_shard", "optim"}));
   app.add_option("--layers", o.layers, "residual MLP blocks")->check(CLI::Range(0, 1 << 12));
   app.add_option("--d", o.d, "model width (a multiple of --ctx)")->check(CLI::Range(1, 1 << 16));
   app.add_option("--ctx", o.ctx, "previous bytes the model sees")->check(CLI::Range(1, 1 << 12));
@@ -119,6 +127,15 @@ inline int parse(int argc, char** argv, options& o) {
   if (o.lend_grad_shards && o.backend != "cuda") return bad("--lend-grad-shards needs --backend cuda");
   if (o.lend_grad_shards && o.accum > 1 && (o.strategy == "optim_grads" || o.strategy == "optim_grads_params"))
     return bad("--lend-grad-shards holds one micro-batch's reduction; use --accum 1 with --strategy " + o.strategy);
+  if (!o.shard_group.empty() && o.shard_group != "node") {
+    int S = 0;
+    const auto [end, ec] = std::from_chars(o.shard_group.data(), o.shard_group.data() + o.shard_group.size(), S);
+    if (ec != std::errc{} || end != o.shard_group.data() + o.shard_group.size() || S < 1)
+      return bad("--shard-group " + o.shard_group + " is not a positive number of ranks or 'node'");
+  }
+  if (o.outer == "optim" && o.shard_group.empty()) return bad("--outer optim needs a mesh (--shard-group S)");
+  if (o.outer == "optim" && !(o.wrapper == "fsdp" && o.strategy == "optim_grads_params"))
+    return bad("--outer optim (HFSDP) is compiled for --wrapper fsdp --strategy optim_grads_params only");
   if (!tessera::wrapper_supports(o.wrapper, o.strategy))
     return bad(o.wrapper == "ddp" ? "--wrapper ddp cannot shard parameters; use --wrapper fsdp or fsdp2 for optim_grads_params"
                                    : "--wrapper fsdp2 runs optim_grads_params only; use --wrapper fsdp or ddp for " + o.strategy);
@@ -151,6 +168,7 @@ inline std::string describe(const options& o) {
   put("gemm-sms", o.gemm_sms), put("nccl-ctas", o.nccl_ctas), put("json", o.json);
   put("recompute-gelu", o.recompute_gelu), put("lend-grad-shards", o.lend_grad_shards);
   put("copy-engine-gathers", o.copy_engine_gathers), put("timeout", o.timeout), put("order-check", o.order_check);
+  put("shard-group", o.shard_group), put("outer", o.outer);
   return s;
 }
 

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -125,15 +126,16 @@ void dump_weights(Wrapper& model, const std::string& path) {
                       L.tensors()[t].spec.shape.extents()});
     }
   }
-  if (model.rank() == 0)
+  if (model.rank() == 0 && model.replica_rank() == 0)  // one writer on a mesh too
     tessera::checkpoint::write_safetensors(path, outs, [&](std::size_t i, std::vector<unsigned char>& dst) {
       std::memcpy(dst.data(), values[i].data(), dst.size());
     });
 }
 
+//! Trains over `comm`, or over the mesh m when given (comm unused then).
 template <class Cfg, class Net, class Comm>
-int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, const device_usage& usage,
-          std::size_t blas_workspace = 0) {
+int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::comm::mesh<Comm>* m,
+          const device_usage& usage, std::size_t blas_workspace = 0) {
   using namespace tessera;
   using Wrapper = data_parallel_t<Cfg>;
   using B = typename Cfg::backend_type;
@@ -142,7 +144,12 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, const devi
   const model_shape shape{o.layers, o.d, o.ctx};
 
   memory_of<B>().reset_peak();
-  Wrapper model(comm, wrapper_options{.lend_grad_shards = o.lend_grad_shards});
+  const wrapper_options wo{.lend_grad_shards = o.lend_grad_shards};
+  std::optional<Wrapper> holder;
+  if (m) holder.emplace(*m, wo);
+  else holder.emplace(comm, wo);
+  Wrapper& model = *holder;
+  const int replicas = model.replicas(), group = model.world();
   const model_ids ids = register_model(model, shape);
   model.finalize();
   init_model(model, ids, shape, o.seed);
@@ -228,11 +235,15 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, const devi
   const bool talk = r == 0;
   const std::string prec = o.precision;
   if (talk && !o.json)
-    std::printf("tessera-mlp-lm: backend %s%s%s%s, %s / %s / %s, %d rank%s, %zu parameters, %ld tokens per step, "
+    std::printf("tessera-mlp-lm: backend %s%s%s%s, %s / %s / %s, %d rank%s%s, %zu parameters, %ld tokens per step, "
                 "estimated memory %.2f MiB per rank (model state %.2f, optimizer %.2f, activations %.2f)\n",
                 Net::backend_name, net.fusion().empty() ? "" : " (", net.fusion().c_str(), net.fusion().empty() ? "" : ")",
                 std::string(Cfg::wrapper::name).c_str(), std::string(Cfg::strategy::name).c_str(), prec.c_str(), N,
-                N == 1 ? "" : "s", shape.params(), o.tokens, double(est.total()) / (1 << 20),
+                N == 1 ? "" : "s",
+                m ? (" (mesh " + std::to_string(replicas) + " x " + std::to_string(group) + ", outer " +
+                     std::string(Cfg::outer_type::name) + ")").c_str()
+                  : "",
+                shape.params(), o.tokens, double(est.total()) / (1 << 20),
                 double(est.model_state) / (1 << 20), double(est.optimizer_state) / (1 << 20),
                 double(est.activations + est.blas_workspace) / (1 << 20));
   double final_loss = 0, total_s = 0;
@@ -289,6 +300,9 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, const devi
                      {"final_loss", final_loss},
                      {"params", shape.params()},
                      {"world", N},
+                     {"shard_group", group},
+                     {"replicas", replicas},
+                     {"outer", Cfg::outer_type::name},
                      {"strategy", Cfg::strategy::name},
                      {"wrapper", Cfg::wrapper::name},
                      {"precision", o.precision},
@@ -322,10 +336,17 @@ template <class P, class B, template <class> class Net, class Comm>
 int dispatch_strategy(const options& o, tessera::comm::mpi& world, Comm& comm, const device_usage& usage,
                       std::size_t blas_workspace = 0) {
   using namespace tessera;
-  auto run = [&]<class S, class W>() {
-    using Cfg = config<S, W, P, sum, B>;
-    return train<Cfg, Net<data_parallel_t<Cfg>>>(o, world, comm, usage, blas_workspace);
+  auto run = [&]<class S, class W, class O = outer<no_shard>>() {
+    using Cfg = config<S, W, P, sum, B, O>;
+    if (o.shard_group.empty()) return train<Cfg, Net<data_parallel_t<Cfg>>>(o, world, comm, static_cast<comm::mesh<Comm>*>(nullptr), usage,
+                                                                           blas_workspace);
+    auto m = comm::make_mesh(comm, o.shard_group == "node" ? comm::node_size(world) : std::stoi(o.shard_group));
+    return train<Cfg, Net<data_parallel_t<Cfg>>>(o, world, m.shard, &m, usage, blas_workspace);
   };
+  if (o.outer == "optim") {  // HFSDP: compiled for fsdp / optim_grads_params (options.hpp checks)
+    if (o.wrapper == "fsdp" && o.strategy == "optim_grads_params")
+      return run.template operator()<optim_grads_params, fsdp, outer<optim>>();
+  } else
   if (o.wrapper == "ddp") {
     if (o.strategy == "no_shard") return run.template operator()<no_shard, ddp>();
     if (o.strategy == "optim") return run.template operator()<optim, ddp>();

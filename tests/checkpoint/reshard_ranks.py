@@ -47,6 +47,13 @@ try:
             row = int(np.prod(t['shape'][1:])) if len(t['shape']) >= 2 else 1
             for p in t['pieces']:
                 assert p['begin'] % row == 0 and p['count'] % row == 0, f'{name}: piece {p["begin"]}+{p["count"]} cuts a row of {row}'
+    if '--shard-group' in save_flags:  # a mesh: replica group 0 wrote one file per shard-group rank, once
+        ckpt = os.path.join(work, 'ckpt', sorted(d for d in os.listdir(f'{work}/ckpt') if d.startswith('step'))[-1])
+        with open(os.path.join(ckpt, 'index.json')) as f:
+            index = json.load(f)
+        S = int(save_flags[save_flags.index('--shard-group') + 1])
+        files = sorted(f for f in os.listdir(ckpt) if f.startswith('rank-'))
+        assert index['world'] == S and len(files) == S, f'mesh with shard group {S}: world {index["world"]}, files {files}'
     cont = run(load_np, load_flags + ['--steps', str(2 * STEPS), '--load', f'{work}/ckpt',
                                       '--dump-weights', f'{work}/cont.safetensors'])
     assert min(cont) == STEPS, f'resumed run starts at step {min(cont)}, not {STEPS}'

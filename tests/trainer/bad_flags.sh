@@ -23,4 +23,9 @@ check --layers -1
 check --lr 0
 check --no-such-flag
 check --steps many
+check --shard-group 0
+check --shard-group two
+check --outer optim
+check --shard-group 2 --outer optim --wrapper ddp --strategy optim_grads
+check --shard-group 2 --outer replicate
 exit $fail
