@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,8 @@ struct bench_options {
   bool overlap = true, recompute_gelu = false, lend_grad_shards = false, copy_engine_gathers = false;
   std::vector<std::string> strategies{"no_shard", "optim", "optim_grads", "optim_grads_params"};
   std::string wrapper = "fsdp", json, comm = "auto";
+  int shard_group = 0;          // > 0: a mesh of world / S replica groups x S ranks
+  std::string outer = "no_shard";  // across its replica groups: no_shard (HSDP) or optim (HFSDP)
 };
 
 std::size_t device_in_use() {
@@ -137,7 +140,8 @@ struct strategy_result {
 };
 
 template <class Cfg, class Comm>
-strategy_result run_strategy(const bench_options& o, const model_shape& s, Comm& comm, MPI_Comm world) {
+strategy_result run_strategy(const bench_options& o, const model_shape& s, Comm& comm, MPI_Comm world,
+                             comm::mesh<Comm>* m) {
   using Wrapper = data_parallel_t<Cfg>;
   int r = 0, N = 1;
   MPI_Comm_rank(world, &r);
@@ -149,8 +153,11 @@ strategy_result run_strategy(const bench_options& o, const model_shape& s, Comm&
   strategy_result res;
   res.name = std::string(Cfg::strategy::name);
   {
-    Wrapper model(comm, wrapper_options{.gather_buffers = o.gather_buffers,
-                                        .lend_grad_shards = o.lend_grad_shards});
+    const wrapper_options wo{.gather_buffers = o.gather_buffers, .lend_grad_shards = o.lend_grad_shards};
+    std::optional<Wrapper> holder;  // over the world's communicator, or a mesh of it
+    if (m) holder.emplace(*m, wo);
+    else holder.emplace(comm, wo);
+    Wrapper& model = *holder;
     const mlp_lm::model_ids ids = mlp_lm::register_model(model, s);
     model.finalize();
     mlp_lm::init_model(model, ids, s, 1);
@@ -161,7 +168,7 @@ strategy_result run_strategy(const bench_options& o, const model_shape& s, Comm&
     const std::size_t n = std::size_t(hi - lo), n_alloc = std::max<std::size_t>(n, 1);
     const mlp_lm::net_options nopt{.recompute_gelu = o.recompute_gelu};
     mlp_lm::cuda_mlp<Wrapper> net(model, ids, s, n_alloc, nopt);
-    if (o.gemm_sms > 0 && comm.size() > 1) net.set_gemm_sms(o.gemm_sms);  // resolved in main
+    if (o.gemm_sms > 0 && N > 1) net.set_gemm_sms(o.gemm_sms);  // resolved in main
     res.fused = net.fused();
     {
       // DESIGN.md's model state per rank (mixed bf16/fp32 Adam): 2 bytes of
@@ -169,7 +176,7 @@ strategy_result run_strategy(const bench_options& o, const model_shape& s, Comm&
       // parameter, each divided by N where the strategy shards it, plus the
       // gathered unit buffers under optim_grads_params.
       using St = typename Cfg::strategy;
-      const double P = double(s.params()), n = double(comm.size());
+      const double P = double(s.params()), n = double(model.world());  // the shard group's ranks
       const auto& pl = model.planned();
       res.formula = std::size_t(P * ((St::shards_params ? 2 / n : 2) + (St::shards_grads ? 4 / n : 4) +
                                      (St::shards_optimizer ? 12 / n : 12))) +
@@ -283,33 +290,38 @@ strategy_result run_strategy(const bench_options& o, const model_shape& s, Comm&
 }
 
 template <class Comm>
-strategy_result dispatch(const bench_options& o, const std::string& name, const model_shape& s, Comm& comm, MPI_Comm world);
+strategy_result dispatch(const bench_options& o, const std::string& name, const model_shape& s, Comm& comm, MPI_Comm world,
+                         comm::mesh<Comm>* m = nullptr);
 
 // Gradients reduce in fp32 (the default) or, with --wire bf16, are rounded to
 // bf16 for the collective and accumulated in fp32 again.
 template <class P, class Comm>
 strategy_result dispatch_precision(const bench_options& o, const std::string& name, const model_shape& s, Comm& comm,
-                                   MPI_Comm world) {
+                                   MPI_Comm world, comm::mesh<Comm>* m) {
   using B = backend::cuda;
-  if (o.wrapper == "ddp") {
-    if (name == "no_shard") return run_strategy<config<no_shard, ddp, P, sum, B>>(o, s, comm, world);
-    if (name == "optim") return run_strategy<config<optim, ddp, P, sum, B>>(o, s, comm, world);
-    if (name == "optim_grads") return run_strategy<config<optim_grads, ddp, P, sum, B>>(o, s, comm, world);
+  if (o.outer == "optim") {  // HFSDP: compiled for fsdp / optim_grads_params
+    if (o.wrapper == "fsdp" && name == "optim_grads_params")
+      return run_strategy<config<optim_grads_params, fsdp, P, sum, B, outer<optim>>>(o, s, comm, world, m);
+  } else if (o.wrapper == "ddp") {
+    if (name == "no_shard") return run_strategy<config<no_shard, ddp, P, sum, B>>(o, s, comm, world, m);
+    if (name == "optim") return run_strategy<config<optim, ddp, P, sum, B>>(o, s, comm, world, m);
+    if (name == "optim_grads") return run_strategy<config<optim_grads, ddp, P, sum, B>>(o, s, comm, world, m);
   } else if (o.wrapper == "fsdp2") {
-    if (name == "optim_grads_params") return run_strategy<config<optim_grads_params, fsdp2, P, sum, B>>(o, s, comm, world);
+    if (name == "optim_grads_params") return run_strategy<config<optim_grads_params, fsdp2, P, sum, B>>(o, s, comm, world, m);
   } else {
-    if (name == "no_shard") return run_strategy<config<no_shard, fsdp, P, sum, B>>(o, s, comm, world);
-    if (name == "optim") return run_strategy<config<optim, fsdp, P, sum, B>>(o, s, comm, world);
-    if (name == "optim_grads") return run_strategy<config<optim_grads, fsdp, P, sum, B>>(o, s, comm, world);
-    if (name == "optim_grads_params") return run_strategy<config<optim_grads_params, fsdp, P, sum, B>>(o, s, comm, world);
+    if (name == "no_shard") return run_strategy<config<no_shard, fsdp, P, sum, B>>(o, s, comm, world, m);
+    if (name == "optim") return run_strategy<config<optim, fsdp, P, sum, B>>(o, s, comm, world, m);
+    if (name == "optim_grads") return run_strategy<config<optim_grads, fsdp, P, sum, B>>(o, s, comm, world, m);
+    if (name == "optim_grads_params") return run_strategy<config<optim_grads_params, fsdp, P, sum, B>>(o, s, comm, world, m);
   }
   throw tessera::error("no instantiation for --wrapper " + o.wrapper + " --strategies " + name);
 }
 
 template <class Comm>
-strategy_result dispatch(const bench_options& o, const std::string& name, const model_shape& s, Comm& comm, MPI_Comm world) {
-  if (o.wire == "bf16") return dispatch_precision<mixed_precision<bf16, float, float, bf16>>(o, name, s, comm, world);
-  return dispatch_precision<mixed_precision<bf16, float>>(o, name, s, comm, world);
+strategy_result dispatch(const bench_options& o, const std::string& name, const model_shape& s, Comm& comm, MPI_Comm world,
+                         comm::mesh<Comm>* m) {
+  if (o.wire == "bf16") return dispatch_precision<mixed_precision<bf16, float, float, bf16>>(o, name, s, comm, world, m);
+  return dispatch_precision<mixed_precision<bf16, float>>(o, name, s, comm, world, m);
 }
 
 }  // namespace
@@ -328,6 +340,12 @@ int main(int argc, char** argv) {
   app.add_option("--strategies", o.strategies, "strategies to run")->delimiter(',');
   app.add_option("--wrapper", o.wrapper)->check(CLI::IsMember({"ddp", "fsdp", "fsdp2"}));
   app.add_option("--comm", o.comm)->check(CLI::IsMember({"auto", "nccl", "mpi"}));
+  app.add_option("--shard-group", o.shard_group,
+                 "a mesh: ranks per shard group (world = R replica groups x S); 0: the whole world, flat")
+      ->check(CLI::Range(0, 1 << 20));
+  app.add_option("--outer", o.outer, "across the mesh's replica groups: no_shard (HSDP) or optim (HFSDP; fsdp, "
+                                     "optim_grads_params)")
+      ->check(CLI::IsMember({"no_shard", "optim"}));
   app.add_option("--json", o.json, "write results as JSON to this file");
   app.add_option("--gemm-sms", o.gemm_sms,
                  "SMs each GEMM is shaped for when collectives overlap it (0: all; -1: all but --nccl-ctas)");
@@ -345,6 +363,11 @@ int main(int argc, char** argv) {
   app.add_flag("!--no-overlap", o.overlap,
                "skip the compute-only and communication-only runs (several ranks) that give the overlap efficiency");
   CLI11_PARSE(app, argc, argv);
+  if (o.outer == "optim" && (o.shard_group == 0 || o.wrapper != "fsdp")) {
+    std::fprintf(stderr, "tessera: --outer optim (HFSDP) needs --shard-group S and --wrapper fsdp "
+                         "(compiled for optim_grads_params)\n");
+    return 2;
+  }
   if (o.lend_grad_shards && o.accum > 1) {
     std::fprintf(stderr, "tessera: --lend-grad-shards holds one micro-batch's reduction; use --accum 1\n");
     return 2;
@@ -411,9 +434,19 @@ int main(int argc, char** argv) {
       if (talk) std::printf("# compute only (each GPU alone, same tokens per GPU): forward + backward %.3f ms\n", solo_compute_ms);
     }
     out["compute_only_forward_backward_ms"] = solo_compute_ms;
-    auto run_all = [&](auto& c) {
+    out["shard_group"] = o.shard_group > 0 ? o.shard_group : world.size();
+    out["replicas"] = o.shard_group > 0 ? world.size() / o.shard_group : 1;
+    out["outer"] = o.outer;
+    if (talk && o.shard_group > 0)
+      std::printf("# mesh %d x %d (replica groups x shard-group ranks), outer %s\n", world.size() / o.shard_group,
+                  o.shard_group, o.outer.c_str());
+    auto run_all = [&](auto& flat) {
+      using Comm = std::remove_reference_t<decltype(flat)>;
+      std::optional<comm::mesh<Comm>> m;
+      if (o.shard_group > 0) m.emplace(comm::make_mesh(flat, o.shard_group));
+      auto& c = m ? m->shard : flat;
       for (const auto& name : o.strategies) {
-        const strategy_result r = dispatch(o, name, s, c, MPI_COMM_WORLD);
+        const strategy_result r = dispatch(o, name, s, c, MPI_COMM_WORLD, m ? &*m : nullptr);
         if (!talk) continue;
         // Per rank: tokens/s of the whole job divided by ranks, against the per-rank floor.
         const double of_floor = floor_step / r.ms;

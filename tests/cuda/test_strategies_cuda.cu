@@ -114,3 +114,29 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(fp32_gpu_matches_host_backend, Cfg, fp32_configs) 
     BOOST_TEST(tessera_test::max_rel_diff(gpu, cpu) <= 1e-6);
   }
 }
+
+// Hybrid sharding on the device: every mesh R x S of the world, over staged
+// MPI and over NCCL (ncclCommSplit) where each rank has its own GPU.
+using mesh_configs = std::tuple<
+    config<optim_grads_params, fsdp, F, average_in_collective, B>,
+    config<optim_grads_params, fsdp, F, average_in_collective, B, outer<optim>>,
+    config<optim_grads_params, fsdp, MP, average_in_collective, B, outer<optim>>,
+    config<optim_grads, ddp, F, sum, B, outer<optim>>, config<optim_grads_params, fsdp2, MPW, pre_divide, B>>;
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(mesh_matches_single_rank_no_shard, Cfg, mesh_configs) {
+  comm::mpi_device c;
+  comm::mpi boot;
+  std::optional<comm::nccl> n;
+  if (nccl_possible(c.size())) n.emplace(boot);
+  for (int S = 1; S <= c.size(); ++S) {
+    if (c.size() % S) continue;
+    BOOST_TEST_CONTEXT("mesh " << c.size() / S << " x " << S << ", outer " << Cfg::outer_type::name) {
+      auto m = comm::make_mesh(c, S);
+      tessera_test::check_matches_single_rank_no_shard<Cfg>(m);
+      if (n) {
+        auto mn = comm::make_mesh(*n, S);
+        tessera_test::check_matches_single_rank_no_shard<Cfg>(mn);
+      }
+    }
+  }
+}

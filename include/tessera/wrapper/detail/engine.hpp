@@ -26,6 +26,7 @@
 #include "tessera/shard/layout.hpp"
 #include "tessera/wrapper/detail/convert.hpp"
 #include "tessera/wrapper/detail/gather_pool.hpp"
+#include "tessera/wrapper/detail/outer_link.hpp"
 #include "tessera/wrapper/detail/reduction_pool.hpp"
 #include "tessera/wrapper/detail/registry.hpp"
 #include "tessera/wrapper/detail/row_copy.hpp"
@@ -62,8 +63,7 @@ public:
   //! On a mesh: the strategy over `shard` (S ranks), the config's outer
   //! policy over `replica` (R ranks); see policy/outer.hpp and comm/mesh.hpp.
   template <class Comm>
-  dp_engine(Comm& shard, Comm& replica, wrapper_options opt) : comm_(shard), opt_(opt) {
-    if (replica.size() > 1) outer_ = comm::handle<backend_type>(replica);
+  dp_engine(Comm& shard, Comm& replica, wrapper_options opt) : comm_(shard), outer_(replica), opt_(opt) {
     check_options();
   }
   dp_engine(const dp_engine&) = delete;
@@ -87,15 +87,15 @@ public:
   //! Fixes the layout, checks that every rank registered the same model
   //! (collective), and allocates. Parameters start at zero.
   void finalize() {
-    const std::size_t splits = Cfg::outer_type::splits_optimizer ? std::size_t(replicas()) : 1;
+    const std::size_t splits = outer_.splits ? std::size_t(replicas()) : 1;
     reg_.finalize(comm_, opt_.alignment, config_text(),
-                  Cfg::wrapper::row_shards ? layout_kind::rows : layout_kind::flat, splits, outer_);
+                  Cfg::wrapper::row_shards ? layout_kind::rows : layout_kind::flat, splits, outer_.communicator());
     solo_ = rules::solo(comm_.size());
     rows_.prepare(reg_.layouts());
     plan_ = rules::plan(reg_.layouts(), comm_.size(), opt_);
-    store_.allocate(reg_, comm_, solo_, opt_.lend_grad_shards, outer_);
+    store_.allocate(reg_, comm_, solo_, opt_.lend_grad_shards, outer_.communicator());
     units_.resize(store_.size());
-    outer_reqs_.resize(store_.size());
+    outer_.resize(store_.size());
     allocate_pools();
   }
   [[nodiscard]] const memory_plan& planned() const { return reg_.require_final("planned()"), plan_; }
@@ -103,17 +103,17 @@ public:
   [[nodiscard]] int world() const { return comm_.size(); }
   [[nodiscard]] comm::handle<backend_type>& communicator() noexcept { return comm_; }
   //! Replica groups of the mesh (1 on a flat world) and this rank's among them.
-  [[nodiscard]] int replicas() const { return outer_ ? outer_.size() : 1; }
-  [[nodiscard]] int replica_rank() const { return outer_ ? outer_.rank() : 0; }
+  [[nodiscard]] int replicas() const { return outer_.size(); }
+  [[nodiscard]] int replica_rank() const { return outer_.rank(); }
   //! The replica group's communicator; empty (false) on a flat world.
-  [[nodiscard]] comm::handle<backend_type>& outer_communicator() noexcept { return outer_; }
+  [[nodiscard]] comm::handle<backend_type>& outer_communicator() noexcept { return outer_.communicator(); }
   //! Sums n partial values (backend memory) over every rank that holds a
   //! distinct part of the optimizer's gradients: the shard group, and the
   //! replicas too under outer<optim> (under outer<no_shard> every replica
   //! holds the same gradients, so each would count them again).
   void sum_partials(double* x, std::size_t n) {
     comm_.all_reduce(x, x, n, dtype::f64, comm::reduce_op::sum);
-    if (outer_ && Cfg::outer_type::splits_optimizer) outer_.all_reduce(x, x, n, dtype::f64, comm::reduce_op::sum);
+    outer_.sum_partials(x, n);
   }
   //! agree_or_throw over the whole mesh: every rank throws if any failed.
   void agree_or_throw(std::exception_ptr err, std::string_view what) {
@@ -123,8 +123,7 @@ public:
     } catch (...) {
       group = std::current_exception();
     }
-    if (outer_) comm::agree_or_throw(outer_, group, what);
-    else if (group) std::rethrow_exception(group);
+    outer_.agree_or_throw(group, what);
   }
   [[nodiscard]] const unit_layout& layout(std::size_t u) const { return reg_.layout(u); }
 
@@ -231,7 +230,7 @@ public:
     TESSERA_CHECK(mb_index_ == mb_count_ - 1, "finish_grad_sync in micro-batch ", mb_index_, " of ", mb_count_,
                   "; it ends the last one");
     sync_micro_batch();
-    wait_outer();
+    outer_.wait_all();
     grads_ready_ = true;
   }
   [[nodiscard]] bool grads_ready() const noexcept { return grads_ready_; }
@@ -240,7 +239,7 @@ public:
   void zero_grad() {
     reg_.require_final("zero_grad()");
     complete_all();
-    wait_outer();
+    outer_.wait_all();
     store_.start_accumulation();
     for (auto& st : units_) {
       st.reduced = false;
@@ -291,7 +290,7 @@ public:
   //! Waits for every collective in flight.
   void synchronize() {
     complete_all();
-    wait_outer();
+    outer_.wait_all();
     store_.wait_weights();
     gathers_.wait_all();
   }
@@ -494,31 +493,11 @@ private:
     complete_all();
   }
 
-  // On a mesh, once unit u's gradients are reduced within the shard group
-  // for the step: all-reduce them across the replicas (outer<no_shard>), or
-  // reduce-scatter them into this replica's part (outer<optim>). One
-  // collective per unit and step, on the replica communicator (its own
-  // stream under NCCL), in the same unit order on every rank; it overlaps
-  // the rest of backward. Averaging divides by the whole world: the group's
-  // reduction by S (or pre_divide by R x S), this one by R.
+  // On a mesh: unit u's gradients are final within the shard group for the
+  // step; on to the replicas (outer_link::issue).
   void issue_outer(std::size_t u) {
-    if (!outer_) return;
-    constexpr bool averages = std::is_same_v<typename Cfg::averaging, average_in_collective> ||
-                              std::is_same_v<typename Cfg::averaging, post_divide>;
-    const auto op = averages ? comm::reduce_op::avg : comm::reduce_op::sum;
-    const auto g = store_.group_grads(u);
-    if (solo_ && std::is_same_v<typename Cfg::averaging, pre_divide>)  // no group reduction divided them
-      ops::for_each(g.size(), scale_convert<G, G>{g.data(), g.data(), 1.0f / float(replicas())});
-    comm::label lbl("outer_reduce", layout(u).name().c_str());
-    if constexpr (Cfg::outer_type::splits_optimizer) {
-      const auto part = store_.opt_grads(u);
-      outer_reqs_[u] = outer_.ireduce_scatter(g.data(), part.data(), part.size(), dtype_of_v<G>, op);
-    } else {
-      outer_reqs_[u] = outer_.iall_reduce(g.data(), g.data(), g.size(), dtype_of_v<G>, op);
-    }
-  }
-  void wait_outer() {
-    for (auto& q : outer_reqs_) q.wait();
+    if (!outer_.active()) return;  // (and the spans below are not touched on a flat world)
+    outer_.issue(u, store_.group_grads(u), store_.opt_grads(u), solo_, layout(u).name());
   }
 
   void start_gather(std::size_t u, bool for_prefetch) {
@@ -575,8 +554,7 @@ private:
   }
 
   comm::handle<backend_type> comm_;
-  comm::handle<backend_type> outer_;  // the replica group on a mesh of R > 1 groups; empty otherwise
-  std::vector<comm::request> outer_reqs_;  // per unit: its reduction across replicas this step
+  outer_link<Cfg> outer_;  // the replica group on a mesh of R > 1 groups; inactive otherwise
   wrapper_options opt_;
   unit_registry reg_;
   unit_store<Cfg> store_;
