@@ -113,7 +113,9 @@ inline int parse(int argc, char** argv, options& o) {
   if (!std::isfinite(o.lr) || o.lr > 10) return bad("--lr " + std::to_string(o.lr) + " is not a learning rate (0 < lr <= 10)");
   if (!std::isfinite(o.clip) || !std::isfinite(o.weight_decay) || o.weight_decay > 10)
     return bad("--clip and --weight-decay must be finite (and --weight-decay at most 10)");
-  if (o.steps < 1) return bad("--steps must be at least 1 (it is the total, counting steps a --load resumes past)");
+  if (o.steps < 0) return bad("--steps must not be negative (it is the total, counting steps a --load resumes past)");
+  if (o.steps == 0 && o.save.empty() && o.dump_weights.empty())
+    return bad("--steps 0 trains nothing; give --save DIR (the initial checkpoint) or --dump-weights FILE");
   if (app.count("--load") && o.load.empty()) return bad("--load needs a path");
   if (app.count("--save") && o.save.empty()) return bad("--save needs a path");
   if (o.backend == "host" && o.comm != "auto") return bad("--comm " + o.comm + " applies to --backend cuda only");

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -112,9 +113,10 @@ inline void fault_hook(int rank, long step) {
   else if (k == "busy") for (volatile bool forever = true; forever;) {}
 }
 
-//! The final weights, gathered, as one safetensors file written by rank 0 (collective).
+//! The final weights, gathered, as one safetensors file written by rank 0
+//! (collective); `metadata` goes into its header (the step and the model's flags).
 template <class Wrapper>
-void dump_weights(Wrapper& model, const std::string& path) {
+void dump_weights(Wrapper& model, const std::string& path, const std::map<std::string, std::string>& metadata) {
   using M = typename Wrapper::main_type;
   std::vector<tessera::checkpoint::tensor_out> outs;
   std::vector<std::vector<M>> values;
@@ -129,7 +131,7 @@ void dump_weights(Wrapper& model, const std::string& path) {
   if (model.rank() == 0 && model.replica_rank() == 0)  // one writer on a mesh too
     tessera::checkpoint::write_safetensors(path, outs, [&](std::size_t i, std::vector<unsigned char>& dst) {
       std::memcpy(dst.data(), values[i].data(), dst.size());
-    });
+    }, metadata);
 }
 
 //! Trains over `comm`, or over the mesh m when given (comm unused then).
@@ -289,8 +291,16 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
       std::fflush(stdout);
     }
   }
-  if (!o.save.empty() && last_saved != o.steps && o.steps > first_step) save(o.steps);
-  if (!o.dump_weights.empty()) dump_weights(model, o.dump_weights);
+  // --steps 0 --save: the initial checkpoint (nothing resumed, nothing run).
+  if (!o.save.empty() && last_saved != o.steps && (o.steps > first_step || (o.steps == 0 && o.load.empty())))
+    save(o.steps);
+  if (!o.dump_weights.empty())
+    dump_weights(model, o.dump_weights,
+                 {{"format", "pt"}, {"step", std::to_string(std::max<long>(o.steps, first_step))},
+                  {"model", "tessera-mlp-lm"}, {"layers", std::to_string(o.layers)}, {"d", std::to_string(o.d)},
+                  {"ctx", std::to_string(o.ctx)}, {"vocab", "256"}, {"seed", std::to_string(o.seed)},
+                  {"precision", o.precision}, {"strategy", std::string(Cfg::strategy::name)},
+                  {"wrapper", std::string(Cfg::wrapper::name)}});
   // Peaks over all ranks: the busiest rank is what a machine must hold.
   std::int64_t peak[2] = {std::int64_t(memory_of<B>().peak()), std::int64_t(usage.used())};
   comm::all_reduce(world, std::span<std::int64_t>(peak, 2), comm::reduce_op::max);

@@ -23,6 +23,8 @@ check --layers -1
 check --lr 0
 check --no-such-flag
 check --steps many
+check --steps 0
+check --steps -3
 check --shard-group 0
 check --shard-group two
 check --outer optim
