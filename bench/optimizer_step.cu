@@ -110,14 +110,16 @@ int main(int argc, char** argv) {
       one(v8{}, gs{}, no{}, "grid-stride"); one(v8{}, op{}, no{}, "one-per-thread"); one(v8{}, op{}, yes{}, "one-per-thread");
     };
     auto w = random_buffer<float>(n, 2), m = random_buffer<float>(n, 3, 0.2f, -0.1f), v = random_buffer<float>(n, 4, 0.01f, 0.0f);
+    dbuf<float> unit_scale(1);  // the clip factor the kernels read from device memory
+    ops::fill(unit_scale.span(), 1.0f);
     {
       auto g = random_buffer<float>(n, 5);
-      adamw_kernel<float, float, float> k{w.data(), g.data(), m.data(), v.data(), nullptr, {}, 1e-4f, 0.9f,
-                                                  0.95f, 1e-8f, 0.1f, 1.1f, 1.05f, 1.0f};
+      adamw_kernel<float, float, float> k{w.data(), g.data(), m.data(), v.data(), nullptr, {}, unit_scale.data(),
+                                          1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.1f, 1.05f};
       k.vector_ok = true;
       adamw_ratio = report("fused AdamW, fp32 grads, 1 tensor", time_ms([&] { ops::for_each(n, k); }, warmup, iters), 28);
       if (variants) sweep("  AdamW fp32", k);
-      sgd_kernel<float, float, float> s{w.data(), g.data(), m.data(), nullptr, {}, 1e-3f, 0.9f, 1e-4f, 1.0f, true};
+      sgd_kernel<float, float, float> s{w.data(), g.data(), m.data(), nullptr, {}, unit_scale.data(), 1e-3f, 0.9f, 1e-4f, true};
       s.vector_ok = true;
       report("SGD, momentum + Nesterov, fp32", time_ms([&] { ops::for_each(n, s); }, warmup, iters), 20);
       dbuf<double> acc(2);
@@ -127,8 +129,8 @@ int main(int argc, char** argv) {
     {
       auto g = random_buffer<bf16>(n, 6);
       dbuf<bf16> shard(n);
-      adamw_kernel<float, bf16, bf16> k{w.data(), g.data(), m.data(), v.data(), shard.data(), {}, 1e-4f, 0.9f,
-                                                0.95f, 1e-8f, 0.1f, 1.1f, 1.05f, 1.0f};
+      adamw_kernel<float, bf16, bf16> k{w.data(), g.data(), m.data(), v.data(), shard.data(), {}, unit_scale.data(),
+                                        1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.1f, 1.05f};
       k.vector_ok = true;
       report("fused AdamW, bf16 grads -> bf16 shard", time_ms([&] { ops::for_each(n, k); }, warmup, iters), 28);
       if (variants) sweep("  AdamW bf16", k);

@@ -50,6 +50,7 @@ struct bench_options {
   std::string wrapper = "fsdp", json, comm = "auto";
   int shard_group = 0;          // > 0: a mesh of world / S replica groups x S ranks
   std::string outer = "no_shard";  // across its replica groups: no_shard (HSDP) or optim (HFSDP)
+  std::string overlap_updates = "on";  // optimizer_options::overlap_updates
 };
 
 std::size_t device_in_use() {
@@ -131,7 +132,8 @@ floor_parts measure_floor(const model_shape& s, long tokens_per_rank, int iters)
 
 struct strategy_result {
   std::string name;
-  double ms = 0, compute_ms = 0, comm_ms = 0, optimizer_ms = 0, tokens_per_s = 0, tflops = 0, final_loss = 0;
+  double ms = 0, compute_ms = 0, comm_ms = 0, optimizer_ms = 0, host_issue_ms = 0, tokens_per_s = 0, tflops = 0,
+         final_loss = 0;
   double comm_only_ms = 0;  // the step's collectives alone, no compute (0 at one rank)
   std::size_t peak = 0, device_used = 0, estimate = 0;
   std::size_t model_state = 0, formula = 0;  // the wrapper's model-state bytes; DESIGN.md's formula
@@ -162,7 +164,7 @@ strategy_result run_strategy(const bench_options& o, const model_shape& s, Comm&
     model.finalize();
     mlp_lm::init_model(model, ids, s, 1);
     ShardedOptimizer opt(model, adamw{.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1},
-                         optimizer_options{.clip_norm = o.clip});
+                         optimizer_options{.clip_norm = o.clip, .overlap_updates = o.overlap_updates == "on"});
     const long per_mb = o.tokens / o.accum;
     const long lo = per_mb * r / N, hi = per_mb * (r + 1) / N;
     const std::size_t n = std::size_t(hi - lo), n_alloc = std::max<std::size_t>(n, 1);
@@ -191,7 +193,7 @@ strategy_result run_strategy(const bench_options& o, const model_shape& s, Comm&
     std::vector<std::pair<std::vector<std::uint8_t>, std::vector<std::uint8_t>>> batches(
         std::size_t(o.accum), {std::vector<std::uint8_t>(n_alloc * std::size_t(s.ctx)), std::vector<std::uint8_t>(n_alloc)});
     tessera::cuda::event e0(true), e1(true), e2(true), e3(true);
-    std::vector<double> total, compute, exposed, optimizer;
+    std::vector<double> total, compute, exposed, optimizer, issue;
     const cudaStream_t st = tessera::cuda::current_stream();
     for (int step = 0; step < o.warmup + o.steps; ++step) {
       // Batches are sampled before the clock starts (the trainer samples the
@@ -212,8 +214,9 @@ strategy_result run_strategy(const bench_options& o, const model_shape& s, Comm&
       model.finish_grad_sync();
       e2.record(st);
       net.finish_loss();
-      opt.step();
+      (void)opt.step();  // returns without waiting for the device
       e3.record(st);
+      const double issued = (MPI_Wtime() - t0) * 1e3;  // host time to issue the whole step
       e3.synchronize();
       res.final_loss = net.take_loss() / double(o.tokens);
       const double wall = (MPI_Wtime() - t0) * 1e3;
@@ -223,6 +226,7 @@ strategy_result run_strategy(const bench_options& o, const model_shape& s, Comm&
       TESSERA_CUDA(cudaEventElapsedTime(&b, e1.get(), e2.get()));
       TESSERA_CUDA(cudaEventElapsedTime(&c, e2.get(), e3.get()));
       total.push_back(wall);
+      issue.push_back(issued);
       compute.push_back(a);
       exposed.push_back(b);
       optimizer.push_back(c);
@@ -269,6 +273,7 @@ strategy_result run_strategy(const bench_options& o, const model_shape& s, Comm&
     res.compute_ms = median(compute);
     res.comm_ms = median(exposed);
     res.optimizer_ms = median(optimizer);
+    res.host_issue_ms = median(issue);
     res.tokens_per_s = double(o.tokens) / (res.ms * 1e-3);
     res.tflops = s.flops_per_token() * res.tokens_per_s / 1e12;
     TESSERA_CUDA(cudaDeviceSynchronize());
@@ -347,6 +352,10 @@ int main(int argc, char** argv) {
                                      "optim_grads_params)")
       ->check(CLI::IsMember({"no_shard", "optim"}));
   app.add_option("--json", o.json, "write results as JSON to this file");
+  app.add_option("--overlap-updates", o.overlap_updates,
+                 "on: each unit's update runs on a side stream in the next forward's shadow (optimizer_options::"
+                 "overlap_updates); off: every update at the end of the step")
+      ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--gemm-sms", o.gemm_sms,
                  "SMs each GEMM is shaped for when collectives overlap it (0: all; -1: all but --nccl-ctas)");
   app.add_option("--gather-buffers", o.gather_buffers,
@@ -389,9 +398,10 @@ int main(int argc, char** argv) {
     const double floor_step = fl.gemm_ms * o.accum + fl.optimizer_ms;  // GEMMs per micro-batch, the optimizer once
     if (talk) {
       std::printf("# tessera-bench-train on %s: %d rank%s (%s), wrapper %s, layers %d, d %d, ctx %d, %ld tokens per step "
-                  "(%d micro-batch%s), %.3fB parameters, clip %g\n",
+                  "(%d micro-batch%s), %.3fB parameters, clip %g, updates %s\n",
                   prop.name, world.size(), world.size() == 1 ? "" : "s", use_nccl ? "NCCL" : "MPI staged", o.wrapper.c_str(),
-                  o.layers, o.d, o.ctx, o.tokens, o.accum, o.accum == 1 ? "" : "es", double(s.params()) / 1e9, o.clip);
+                  o.layers, o.d, o.ctx, o.tokens, o.accum, o.accum == 1 ? "" : "es", double(s.params()) / 1e9, o.clip,
+                  o.overlap_updates == "on" ? "in the next forward's shadow" : "at the end of the step");
       std::printf("# bf16 GEMM 8192^3: %.1f TFLOP/s; copy %.0f GB/s\n", fl.gemm_tflops, fl.copy_gbs);
       std::printf("# floor per step and rank: GEMMs alone %.3f ms + optimizer 28 B/param at copy speed %.3f ms = %.3f ms "
                   "(%.0f tokens/s)\n",
@@ -437,6 +447,7 @@ int main(int argc, char** argv) {
     out["shard_group"] = o.shard_group > 0 ? o.shard_group : world.size();
     out["replicas"] = o.shard_group > 0 ? world.size() / o.shard_group : 1;
     out["outer"] = o.outer;
+    out["overlap_updates"] = o.overlap_updates;
     if (talk && o.shard_group > 0)
       std::printf("# mesh %d x %d (replica groups x shard-group ranks), outer %s\n", world.size() / o.shard_group,
                   o.shard_group, o.outer.c_str());
@@ -476,6 +487,7 @@ int main(int argc, char** argv) {
                                   {"compute_ms", r.compute_ms},
                                   {"exposed_comm_ms", r.comm_ms},
                                   {"optimizer_ms", r.optimizer_ms},
+                                  {"host_issue_ms", r.host_issue_ms},
                                   {"peak_bytes", r.peak},
                                   {"device_used_bytes", r.device_used},
                                   {"estimated_bytes", r.estimate},

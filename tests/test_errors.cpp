@@ -262,7 +262,7 @@ BOOST_AUTO_TEST_CASE(micro_batch_counts_that_differ) {
       fill_grads(m, u, w);
       m.reduce_grads(u);
     }
-    (void)opt.step();
+    (void)opt.step().get();
   }, "collective order differs");
 }
 
@@ -287,12 +287,12 @@ BOOST_AUTO_TEST_CASE(step_without_gradients) {
   auto w = m.add_param(u, "w", {5});
   m.finalize();
   ShardedOptimizer opt(m, adamw{.lr = 0.1});
-  expect_error([&] { (void)opt.step(); }, "step() with no gradients");
+  expect_error([&] { (void)opt.step().get(); }, "step() with no gradients");
   m.begin_micro_batch(0, 1);
   fill_grads(m, u, w);
-  BOOST_TEST(!opt.step().skipped);
+  BOOST_TEST(!opt.step().get().skipped);
   const auto before = m.get_param(w);
-  expect_error([&] { (void)opt.step(); }, "step() with no gradients");
+  expect_error([&] { (void)opt.step().get(); }, "step() with no gradients");
   BOOST_TEST(m.get_param(w) == before);  // nothing moved
 }
 
@@ -387,7 +387,7 @@ BOOST_AUTO_TEST_CASE(gradients_written_after_reduce_grads) {
     g = s.grad(w);
     for (auto& x : g) x = 1.0f;
   }
-  BOOST_TEST(!opt.step().skipped);
+  BOOST_TEST(!opt.step().get().skipped);
   BOOST_TEST(std::isnan(g[1]));
   g[1] = 2.0f;
   m.begin_micro_batch(0, 1);

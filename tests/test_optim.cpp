@@ -33,9 +33,10 @@ BOOST_AUTO_TEST_CASE(adamw_pass_against_float64) {
     const double lr = 1e-3, b1 = 0.9, b2 = 0.95, eps = 1e-8, decay = 0.1, scale = 0.7;
     const long t = 5;
     const double bc1 = 1 - std::pow(b1, t), bc2 = 1 - std::pow(b2, t);
+    const float fscale = float(scale);
     adamw_kernel<float, bf16, bf16> k{w.data(), g.data(), m.data(), v.data(), out.data(),
-                                              {bits.data(), 0}, float(lr), float(b1), float(b2), float(eps),
-                                              float(decay), float(1 / bc1), float(1 / std::sqrt(bc2)), float(scale)};
+                                      {bits.data(), 0}, &fscale, float(lr), float(b1), float(b2), float(eps),
+                                      float(decay), float(1 / bc1), float(1 / std::sqrt(bc2))};
     const std::size_t vec_end = n / 4 * 4;
     for (std::size_t i = 0; i < vec_end; i += 4) k.run<4>(i);
     for (std::size_t i = vec_end; i < n; ++i) k(i);
@@ -81,7 +82,7 @@ BOOST_AUTO_TEST_CASE(schedule_hook_sets_the_learning_rate) {
       auto g = scope.grad(w);
       for (auto& x : g) x = 1.0f;
     }
-    const auto r = opt.step();
+    const step_result r = opt.step();
     BOOST_TEST(r.lr == 0.5 * s);
   }
   // w = 1 - 0.5*1 - 1.0*1 (averaged gradient 1 on every rank)
@@ -129,9 +130,10 @@ struct lion_kernel {
   M* m;
   C* out;
   decay_mask decay;
-  float lr, beta1, beta2, weight_decay, grad_scale;
+  const float* grad_scale;  // backend memory: the clip coefficient the device decided
+  float lr, beta1, beta2, weight_decay;
   TESSERA_HOST_DEVICE void operator()(std::size_t i) const {
-    const float gi = convert<float>(g[i]) * grad_scale;
+    const float gi = convert<float>(g[i]) * *grad_scale;
     const float c = beta1 * float(m[i]) + (1 - beta1) * gi;
     float x = float(w[i]);
     if (decay.decays(i)) x -= lr * weight_decay * x;
@@ -149,8 +151,8 @@ struct lion {
   double lr = 1e-2, beta1 = 0.9, beta2 = 0.99, weight_decay = 0.1;
   template <class M, class G, class C>
   lion_kernel<M, G, C> kernel(const update_args<M, G, C>& a) const {
-    return {a.weights, a.grads, a.state[0], a.compute_out, a.decay, float(a.lr), float(beta1), float(beta2),
-            float(weight_decay), float(a.grad_scale)};
+    return {a.weights, a.grads, a.state[0], a.compute_out, a.decay, a.grad_scale, float(a.lr), float(beta1),
+            float(beta2), float(weight_decay)};
   }
 };
 static_assert(optimizer_algorithm<lion>);
@@ -179,4 +181,85 @@ BOOST_AUTO_TEST_CASE(a_third_algorithm_defined_outside_the_library_trains_like_n
   check_lion_matches_no_shard<config<optim_grads_params, fsdp>>();
   check_lion_matches_no_shard<config<optim, ddp>>();
   check_lion_matches_no_shard<config<optim_grads, fsdp, pre_divide>>();  // any order after the wrapper
+}
+
+// ---- the optimizer in the next forward's shadow ----------------------------------
+
+// Updates deferred to each unit's next use give the same bits as updates at
+// the end of step(), for every strategy and wrapper, with accumulation,
+// clipping, lent shards and a skipped step; on the host backend a deferred
+// update runs only where the wrapper settles it, so a use it missed would
+// read stale weights here.
+template <class Cfg>
+void check_overlap_equals_eager(bool lend, bool nonfinite) {
+  comm::mpi c;
+  tessera_test::run_params p;
+  p.global_samples = 2 * c.size() + 1;
+  p.lend_grad_shards = lend;
+  p.accum = lend && Cfg::strategy::shards_grads ? 1 : 2;
+  p.nonfinite_at_step1_on_last_rank = nonfinite;
+  p.steps = 4;
+  p.overlap_updates = false;
+  const auto eager = tessera_test::train<Cfg>(c, tessera_test::test_adamw(), p);
+  p.overlap_updates = true;
+  const auto shadow = tessera_test::train<Cfg>(c, tessera_test::test_adamw(), p);
+  BOOST_TEST_CONTEXT(Cfg::strategy::name << " / " << Cfg::wrapper::name << ", " << c.size() << " ranks, lend " << lend
+                                         << ", nonfinite " << nonfinite) {
+    BOOST_TEST(shadow.steps_applied == eager.steps_applied);
+    BOOST_TEST(shadow.steps_skipped == eager.steps_skipped);
+    BOOST_TEST(shadow.steps_skipped == (nonfinite ? 1 : 0));
+    for (std::size_t s = 0; s < eager.grad_norms.size(); ++s) {
+      BOOST_TEST(shadow.skipped[s] == eager.skipped[s]);
+      BOOST_TEST((shadow.grad_norms[s] == eager.grad_norms[s] ||
+                  (std::isnan(shadow.grad_norms[s]) && std::isnan(eager.grad_norms[s]))));
+    }
+    BOOST_REQUIRE(shadow.params.size() == eager.params.size());
+    for (std::size_t t = 0; t < eager.params.size(); ++t) BOOST_TEST(shadow.params[t] == eager.params[t]);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(updates_in_the_next_forwards_shadow_equal_updates_at_the_end_of_the_step) {
+  for (bool nonfinite : {false, true}) {
+    check_overlap_equals_eager<config<optim_grads_params, fsdp>>(false, nonfinite);
+    check_overlap_equals_eager<config<optim_grads_params, fsdp, mixed_precision<bf16, float>>>(true, nonfinite);
+    check_overlap_equals_eager<config<optim_grads_params, fsdp2, mixed_precision<bf16, float>>>(false, nonfinite);
+    check_overlap_equals_eager<config<no_shard, ddp, mixed_precision<bf16, float>>>(false, nonfinite);
+    check_overlap_equals_eager<config<optim_grads, ddp>>(true, nonfinite);  // publication all-gathers: not deferred
+    check_overlap_equals_eager<config<optim, fsdp, pre_divide>>(false, nonfinite);
+  }
+}
+
+// The deferral is real: after step() a unit's main weights in memory are
+// still the old ones until something uses the unit (host backend: the update
+// runs when settled); every door of the shard view settles it.
+BOOST_AUTO_TEST_CASE(step_defers_each_update_until_the_unit_is_used) {
+  comm::mpi c;
+  data_parallel_t<config<optim_grads_params, fsdp>> m(c);
+  const auto u0 = m.add_unit("a"), u1 = m.add_unit("b"), u2 = m.add_unit("c");
+  const auto w0 = m.add_param(u0, "w", {5}), w1 = m.add_param(u1, "w", {7}), w2 = m.add_param(u2, "w", {6});
+  m.finalize();
+  for (auto w : {w0, w1, w2}) m.set_param(w, std::vector<float>(m.slot(w).numel, 1.0f));
+  ShardedOptimizer opt(m, sgd{.lr = 0.5});
+  BOOST_TEST(opt.options().overlap_updates);
+  const auto view = m.shards();
+  // Where this rank's range holds each tensor's elements, if it does.
+  const piece q0 = view.range_piece(0, 0), q2 = view.range_piece(2, 0);
+  const float* raw0 = view.main_weights(0).data() + q0.shard_begin;
+  const float* raw2 = view.main_weights(2).data() + q2.shard_begin;
+  for (auto [u, w] : {std::pair{u0, w0}, std::pair{u1, w1}, std::pair{u2, w2}}) {
+    auto s = m.gather(u);
+    for (auto& g : s.grad(w)) g = 1.0f;
+    s.reduce_grads();
+  }
+  const auto h = opt.step();
+  BOOST_TEST(h.ready());  // host: the decision is made when issued
+  BOOST_TEST(h.get().step == 1);
+  BOOST_TEST(!h.get().skipped);
+  if (q0.count > 0) BOOST_TEST(raw0[0] == 1.0f);  // nothing updated yet
+  if (q2.count > 0) BOOST_TEST(raw2[0] == 1.0f);
+  { auto s = m.gather(u0); }  // the next forward reaches unit a (and prefetches b), not c
+  if (q0.count > 0) BOOST_TEST(raw0[0] == 0.5f);
+  if (q2.count > 0) BOOST_TEST(raw2[0] == 1.0f);
+  for (float x : m.get_param(w2)) BOOST_TEST(x == 0.5f);  // get_param settles c
+  BOOST_TEST(opt.steps() == 1);
 }

@@ -21,6 +21,7 @@ struct options {
   double lr = 3e-3, clip = 1.0, weight_decay = 0.1;
   double timeout = -1;               // seconds; < 0: the library's default (600, or TESSERA_TIMEOUT_S)
   std::string order_check = "auto";  // auto: on over MPI, off over NCCL
+  std::string overlap_updates = "on";  // optimizer_options::overlap_updates
   std::uint64_t seed = 1;
   std::string data, save, load, dump_weights;
   std::string shard_group, outer = "no_shard";  // mesh: "" = flat world, "node", or S ranks per shard group
@@ -53,6 +54,10 @@ inline int parse(int argc, char** argv, options& o) {
   app.add_flag("--lend-grad-shards", o.lend_grad_shards,
                "cuda backend: reduced gradient shards live in their own unit's activations between its backward and "
                "the next forward (less memory; --accum 1 under optim_grads and optim_grads_params)");
+  app.add_option("--overlap-updates", o.overlap_updates,
+                 "on: each unit's optimizer update runs in the next forward's shadow, just before the unit is needed "
+                 "(a side stream on the cuda backend); off: every update at the end of the step")
+      ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--wrapper", o.wrapper, "ddp, fsdp (flat shards) or fsdp2 (per-parameter row shards; optim_grads_params)")
       ->check(CLI::IsMember({"ddp", "fsdp", "fsdp2"}));
   app.add_option("--strategy", o.strategy, "no_shard, optim, optim_grads or optim_grads_params")
@@ -170,7 +175,7 @@ inline std::string describe(const options& o) {
   put("gemm-sms", o.gemm_sms), put("nccl-ctas", o.nccl_ctas), put("json", o.json);
   put("recompute-gelu", o.recompute_gelu), put("lend-grad-shards", o.lend_grad_shards);
   put("copy-engine-gathers", o.copy_engine_gathers), put("timeout", o.timeout), put("order-check", o.order_check);
-  put("shard-group", o.shard_group), put("outer", o.outer);
+  put("shard-group", o.shard_group), put("outer", o.outer), put("overlap-updates", o.overlap_updates);
   return s;
 }
 

@@ -156,7 +156,7 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
   model.finalize();
   init_model(model, ids, shape, o.seed);
   ShardedOptimizer opt(model, adamw{.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = o.weight_decay},
-                       optimizer_options{.clip_norm = o.clip});
+                       optimizer_options{.clip_norm = o.clip, .overlap_updates = o.overlap_updates == "on"});
   if (o.warmup > 0)
     opt.set_schedule([w = o.warmup](long step, double lr) { return lr * std::min(1.0, double(step) / w); });
 
@@ -263,7 +263,7 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
       std::swap(cur, next);
     }
     net.finish_loss();
-    const step_result res = opt.step();
+    const auto handle = opt.step();  // read below only when a line is printed
     double loss = net.take_loss();
     comm::all_reduce(world, std::span<double>(&loss, 1), comm::reduce_op::sum);
     loss /= double(o.tokens);
@@ -276,6 +276,7 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
     final_loss = loss;
     if (talk && step == 0 && !o.json && !net.choices().empty()) std::printf("products: %s\n", net.choices().c_str());
     if (talk && (step % o.log_every == 0 || step == o.steps - 1)) {
+      const step_result& res = handle.get();
       const double tps = double(o.tokens) / s;
       if (o.json) {
         nlohmann::json j{{"step", step},         {"loss", loss},        {"grad_norm", res.grad_norm},

@@ -128,10 +128,10 @@ BOOST_AUTO_TEST_CASE(adamw_pass_against_float64) {
       auto dt = to_device(bits);
       const double lr = 1e-3, b1 = 0.9, b2 = 0.95, eps = 1e-8, decay = 0.1, scale = 0.7;
       const double bc1 = 1 - std::pow(b1, 7), bc2 = 1 - std::pow(b2, 7);
+      const auto dscale = to_device(std::vector<float>{float(scale)});  // the clip factor lives in device memory
       adamw_kernel<float, bf16, bf16> k{dw.data(), dg.data(), dm.data(), dv.data(), dout.data(),
-                                                {dt.data(), 0}, float(lr), float(b1), float(b2),
-                                                float(eps), float(decay), float(1 / bc1), float(1 / std::sqrt(bc2)),
-                                                float(scale)};
+                                        {dt.data(), 0}, dscale.data(), float(lr), float(b1), float(b2),
+                                        float(eps), float(decay), float(1 / bc1), float(1 / std::sqrt(bc2))};
       k.vector_ok = path == 0;
       ops::for_each(n, k);
       const auto W = to_host(dw), M = to_host(dm), V = to_host(dv);

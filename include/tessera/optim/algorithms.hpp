@@ -57,7 +57,10 @@ struct update_args {
   C* compute_out;       //!< where to write the new weights in the compute dtype; null: none
   decay_mask decay;     //!< which elements take weight decay
   double lr;            //!< learning rate of this step (after the schedule)
-  double grad_scale;    //!< multiply every gradient by this (global-norm clipping)
+  //! Multiply every gradient by *grad_scale (global-norm clipping; 1 when not
+  //! clipped). Backend memory: the clip coefficient is decided on the device
+  //! after the norm, so a kernel reads it there, once per thread or chunk.
+  const float* grad_scale;
   long step;            //!< 1-based number of this step (bias corrections)
 };
 
@@ -125,13 +128,14 @@ struct adamw_kernel {
   M* v;
   C* out;
   decay_mask decay;
-  float lr, beta1, beta2, eps, weight_decay, inv_bc1, inv_bc2_sqrt, grad_scale;
+  const float* grad_scale;  //!< backend memory (update_args::grad_scale)
+  float lr, beta1, beta2, eps, weight_decay, inv_bc1, inv_bc2_sqrt;
   bool vector_ok = false;  //!< every pointer aligned for vector_width-wide accesses
   static constexpr int vector_width = 4;
 
-  TESSERA_HOST_DEVICE void update(M& wi, G graw, M& mi, M& vi, std::uint64_t i) const {
+  TESSERA_HOST_DEVICE void update(M& wi, G graw, M& mi, M& vi, std::uint64_t i, float scale) const {
     using F = detail::math_t<M>;
-    const F gi = F(convert<float>(graw)) * F(grad_scale);
+    const F gi = F(convert<float>(graw)) * F(scale);
     F x = F(wi);
     if (decay.decays(i)) x -= F(lr) * F(weight_decay) * x;
     const F mn = F(beta1) * F(mi) + (F(1) - F(beta1)) * gi;
@@ -142,18 +146,19 @@ struct adamw_kernel {
     wi = M(x);
   }
   TESSERA_HOST_DEVICE void operator()(std::size_t i) const {
-    update(w[i], g[i], m[i], v[i], i);
+    update(w[i], g[i], m[i], v[i], i, *grad_scale);
     if (out) out[i] = convert<C>(w[i]);
   }
   //! V consecutive elements from `base` (a multiple of V) with vector accesses.
   template <int V, bool Stream = false>
   TESSERA_HOST_DEVICE void run(std::size_t base) const {
+    const float scale = *grad_scale;  // once: the stores below may alias it as far as the compiler knows
     auto W = load_vec<V, Stream>(w + base);
     const auto Gv = load_vec<V, Stream>(g + base);
     auto Mv = load_vec<V, Stream>(m + base);
     auto Vv = load_vec<V, Stream>(v + base);
     TESSERA_UNROLL
-    for (int l = 0; l < V; ++l) update(W.v[l], Gv.v[l], Mv.v[l], Vv.v[l], base + std::size_t(l));
+    for (int l = 0; l < V; ++l) update(W.v[l], Gv.v[l], Mv.v[l], Vv.v[l], base + std::size_t(l), scale);
     store_vec<V, Stream>(w + base, W);
     store_vec<V, Stream>(m + base, Mv);
     store_vec<V, Stream>(v + base, Vv);
@@ -174,14 +179,15 @@ struct sgd_kernel {
   M* buf;
   C* out;
   decay_mask decay;
-  float lr, momentum, weight_decay, grad_scale;
+  const float* grad_scale;  //!< backend memory (update_args::grad_scale)
+  float lr, momentum, weight_decay;
   bool nesterov;
   bool vector_ok = false;
   static constexpr int vector_width = 4;
 
-  TESSERA_HOST_DEVICE void update(M& wi, G graw, M& bi, std::uint64_t i) const {
+  TESSERA_HOST_DEVICE void update(M& wi, G graw, M& bi, std::uint64_t i, float scale) const {
     using F = detail::math_t<M>;
-    F gi = F(convert<float>(graw)) * F(grad_scale);
+    F gi = F(convert<float>(graw)) * F(scale);
     if (decay.decays(i)) gi += F(weight_decay) * F(wi);
     if (momentum != 0.0f) {
       const F b = F(momentum) * F(bi) + gi;
@@ -191,16 +197,17 @@ struct sgd_kernel {
     wi = M(F(wi) - F(lr) * gi);
   }
   TESSERA_HOST_DEVICE void operator()(std::size_t i) const {
-    update(w[i], g[i], buf[i], i);
+    update(w[i], g[i], buf[i], i, *grad_scale);
     if (out) out[i] = convert<C>(w[i]);
   }
   template <int V, bool Stream = false>
   TESSERA_HOST_DEVICE void run(std::size_t base) const {
+    const float scale = *grad_scale;
     auto W = load_vec<V, Stream>(w + base);
     const auto Gv = load_vec<V, Stream>(g + base);
     auto B = load_vec<V, Stream>(buf + base);
     TESSERA_UNROLL
-    for (int l = 0; l < V; ++l) update(W.v[l], Gv.v[l], B.v[l], base + std::size_t(l));
+    for (int l = 0; l < V; ++l) update(W.v[l], Gv.v[l], B.v[l], base + std::size_t(l), scale);
     store_vec<V, Stream>(w + base, W);
     store_vec<V, Stream>(buf + base, B);
     if (out) {
@@ -215,17 +222,17 @@ struct sgd_kernel {
 template <class M, class G, class C>
 adamw_kernel<M, G, C> adamw::kernel(const update_args<M, G, C>& a) const {
   const double bc1 = 1 - std::pow(beta1, double(a.step)), bc2 = 1 - std::pow(beta2, double(a.step));
-  adamw_kernel<M, G, C> k{a.weights, a.grads, a.state[0], a.state[1], a.compute_out, a.decay, float(a.lr),
-                          float(beta1), float(beta2), float(eps), float(weight_decay), float(1 / bc1),
-                          float(1 / std::sqrt(bc2)), float(a.grad_scale)};
+  adamw_kernel<M, G, C> k{a.weights, a.grads, a.state[0], a.state[1], a.compute_out, a.decay, a.grad_scale,
+                          float(a.lr), float(beta1), float(beta2), float(eps), float(weight_decay), float(1 / bc1),
+                          float(1 / std::sqrt(bc2))};
   k.vector_ok = aligned_for<k.vector_width>(k.w, k.g, k.m, k.v, k.out);  // a null out is aligned
   return k;
 }
 
 template <class M, class G, class C>
 sgd_kernel<M, G, C> sgd::kernel(const update_args<M, G, C>& a) const {
-  sgd_kernel<M, G, C> k{a.weights, a.grads, a.state[0], a.compute_out, a.decay, float(a.lr), float(momentum),
-                        float(weight_decay), float(a.grad_scale), nesterov};
+  sgd_kernel<M, G, C> k{a.weights, a.grads, a.state[0], a.compute_out, a.decay, a.grad_scale, float(a.lr),
+                        float(momentum), float(weight_decay), nesterov};
   k.vector_ok = aligned_for<k.vector_width>(k.w, k.g, k.buf, k.out);
   return k;
 }

@@ -3,6 +3,8 @@
 //! optimizer range only; one pass per step, then the strategy's weight all-gather.
 #include <bit>
 #include <cmath>
+#include <cstddef>
+#include <memory>
 #include <functional>
 #include <span>
 #include <vector>
@@ -19,6 +21,15 @@ namespace tessera {
 struct optimizer_options {
   //! Clip the global gradient norm to this value; 0 disables clipping.
   double clip_norm = 0.0;
+  //! Run each unit's update in the next forward's shadow: step() queues the
+  //! updates on a side stream (in unit order) and returns; the next use of a
+  //! unit (its gather or forward, a gradient view, a checkpoint, any read
+  //! through shard_view) waits for that unit's update only, so unit u + 1
+  //! updates while unit u computes. Where the wrapper's publication after a
+  //! step is a collective (optim, optim_grads over several ranks; outer<optim>
+  //! meshes) the updates run in step() as without it. Off: every update is
+  //! issued on the current stream in step().
+  bool overlap_updates = true;
 };
 
 //! What one step did.
@@ -28,6 +39,110 @@ struct step_result {
   double clip_coef = 1.0;  //!< factor applied to the gradients
   double lr = 0.0;         //!< learning rate used
   long step = 0;           //!< steps applied so far
+};
+
+//! What the device decides after the global norm, in backend memory: the
+//! update kernels read grad_scale and skip from here, so a step needs no
+//! host synchronisation.
+struct step_control {
+  double grad_norm;  //!< sqrt of the sum of squares; NaN where some element was not finite
+  double clip_coef;  //!< clip_norm / (norm + 1e-6) where clipped, else 1
+  float grad_scale;  //!< clip_coef as the kernels use it
+  int skip;          //!< 1: a non-finite gradient on some rank; the step changes nothing
+};
+
+namespace detail {
+
+// The device's decision from the all-reduced partial sums (one thread): the
+// same arithmetic, in double, that a host would do.
+struct decide_step {
+  const double* acc;  // sum of squares, non-finite count
+  step_control* out;
+  double clip_norm;
+  TESSERA_HOST_DEVICE void operator()(std::size_t) const {
+    const double sum = acc[0], bad = acc[1];
+#if defined(__CUDA_ARCH__)
+    const double norm = bad > 0 ? __longlong_as_double(0x7ff8000000000000LL) : sqrt(sum);
+    const bool skip = bad > 0 || !isfinite(norm);
+#else
+    const double norm = bad > 0 ? std::nan("") : std::sqrt(sum);
+    const bool skip = bad > 0 || !std::isfinite(norm);
+#endif
+    const double coef = !skip && clip_norm > 0 && norm > clip_norm ? clip_norm / (norm + 1e-6) : 1.0;
+    *out = step_control{norm, coef, float(coef), skip ? 1 : 0};
+  }
+};
+
+// An algorithm's update functor that does nothing where the device decided
+// to skip the step (one cached load per element or vector chunk).
+template <class F, bool Vector = requires { F::vector_width; }>
+struct unless_skipped {
+  F f;
+  const int* skip;
+  TESSERA_HOST_DEVICE void operator()(std::size_t i) const {
+    if (!*skip) f(i);
+  }
+};
+template <class F>
+struct unless_skipped<F, true> {
+  F f;
+  const int* skip;
+  bool vector_ok = f.vector_ok;
+  static constexpr int vector_width = F::vector_width;
+  TESSERA_HOST_DEVICE void operator()(std::size_t i) const {
+    if (!*skip) f(i);
+  }
+  template <int V, bool Stream = false>
+  TESSERA_HOST_DEVICE void run(std::size_t base) const {
+    if (!*skip) f.template run<V, Stream>(base);
+  }
+};
+
+// One step's outcome on its way to the host: the device's decision copied
+// into staging memory behind a marker, and what the host fixed at issue.
+template <class B>
+struct step_record {
+  typename backend_ops<B>::template staging<step_control> host;
+  typename backend_ops<B>::marker ready;
+  step_result r;  // lr, and step as it will be if the step applies
+  bool resolved = false;
+  step_record() { host.reserve(1); }
+  const step_result& resolve() {
+    if (!resolved) {
+      ready.wait();
+      const step_control c = host.data()[0];
+      r.skipped = c.skip != 0;
+      r.grad_norm = c.grad_norm;
+      r.clip_coef = c.clip_coef;
+      if (r.skipped) r.step -= 1, r.lr = 0.0;
+      resolved = true;
+    }
+    return r;
+  }
+};
+
+}  // namespace detail
+
+//! A step issued by ShardedOptimizer::step(): its result is read when asked
+//! for (get() waits for the device's decision, not for the update), so a
+//! trainer that reads it every N steps synchronises once per N steps.
+template <class B>
+class step_handle {
+public:
+  step_handle() = default;
+  //! Whether the result is known without waiting.
+  [[nodiscard]] bool ready() const { return !rec_ || rec_->resolved || rec_->ready.done(); }
+  //! The step's result (waits for the device's decision where needed).
+  [[nodiscard]] const step_result& get() const {
+    TESSERA_CHECK(rec_ != nullptr, "step_handle::get() on a handle no step() returned");
+    return rec_->resolve();
+  }
+  //! Reading a handle as a step_result waits for it: `step_result r = opt.step();`.
+  operator step_result() const { return get(); }  // NOLINT: implicit on purpose
+  explicit step_handle(std::shared_ptr<detail::step_record<B>> r) noexcept : rec_(std::move(r)) {}
+
+private:
+  std::shared_ptr<detail::step_record<B>> rec_;
 };
 
 template <class Algorithm, class Wrapper>
@@ -80,10 +195,21 @@ public:
     }
   }
 
+  ShardedOptimizer(const ShardedOptimizer&) = delete;
+  ShardedOptimizer& operator=(const ShardedOptimizer&) = delete;
+  //! Waits (on the current stream) for updates still deferred: they write this optimizer's state.
+  ~ShardedOptimizer() {
+    try {
+      e_.flush();
+    } catch (...) {
+      // A destructor cannot report; the wrapper's next use reports a failed stream.
+    }
+  }
+
   //! Bytes this optimizer holds on this rank: its state, the decay masks
   //! and the norm accumulator.
   [[nodiscard]] std::size_t state_bytes() const noexcept {
-    std::size_t b = acc_.size() * sizeof(double);
+    std::size_t b = acc_.size() * sizeof(double) + ctl_.size() * sizeof(step_control);
     for (auto& u : units_) {
       b += u.decay_bits.size() * sizeof(std::uint32_t);
       for (auto& s : u.state) b += s.size() * sizeof(M);
@@ -92,10 +218,12 @@ public:
   }
   //! The learning rate at step s (1-based): schedule(s, base lr) if set, else the base.
   void set_schedule(std::function<double(long step, double base_lr)> f) { schedule_ = std::move(f); }
-  [[nodiscard]] long steps() const noexcept { return step_; }
+  //! Steps applied so far (waits for the last step's decision).
+  [[nodiscard]] long steps() { return settle(), step_; }
   //! Sets the step counters (bias correction, schedule) when resuming from a checkpoint.
   void restore_counters(long steps, long skipped) {
     TESSERA_CHECK(steps >= 0 && skipped >= 0, "restore_counters(", steps, ", ", skipped, ")");
+    settle();
     step_ = steps;
     skipped_ = skipped;
   }
@@ -103,43 +231,58 @@ public:
   using wrapper_type = Wrapper;
   //! The wrapper's shards this optimizer updates (for checkpoints and tools).
   [[nodiscard]] view_type shards() const noexcept { return e_; }
-  [[nodiscard]] long skipped_steps() const noexcept { return skipped_; }
+  //! Steps skipped for non-finite gradients so far (waits for the last step's decision).
+  [[nodiscard]] long skipped_steps() { return settle(), skipped_; }
   [[nodiscard]] const Algorithm& hyper_parameters() const noexcept { return hp_; }
-  //! State k of unit u over this rank's optimizer range (m = 0, v = 1 for AdamW).
-  [[nodiscard]] std::span<M> state(std::size_t u, int k) { return units_.at(u).state.at(std::size_t(k)).span(); }
+  [[nodiscard]] const optimizer_options& options() const noexcept { return opt_; }
+  //! State k of unit u over this rank's optimizer range (m = 0, v = 1 for
+  //! AdamW), after the unit's update (settles a deferred one).
+  [[nodiscard]] std::span<M> state(std::size_t u, int k) {
+    auto& st = units_.at(u);
+    e_.flush(u);
+    return st.state.at(std::size_t(k)).span();
+  }
 
-  //! Finishes the gradient sync, computes the global norm with one all-reduce,
-  //! skips the step on every rank if any rank saw a non-finite gradient, else
-  //! clips, updates, publishes the new compute weights and zeroes gradients.
-  step_result step() {
+  //! Finishes the gradient sync, computes the global norm with one
+  //! all-reduce, and decides on the device whether to skip (a non-finite
+  //! gradient on any rank: nothing changes on any rank) and how much to clip;
+  //! then updates (deferred per unit under optimizer_options::overlap_updates),
+  //! publishes the new compute weights and zeroes gradients. The host does
+  //! not wait for the device: the returned handle does when read. The host
+  //! learns the previous step's outcome here (its bias correction and lr
+  //! depend on it), by which time the device is past it.
+  step_handle<B> step() {
+    e_.flush();  // updates a forward did not reach (unused units) read the control block this step rewrites
+    settle();
     e_.finish_grad_sync();
     // Partial sums of squares and non-finite counts accumulate in backend
-    // memory; one all-reduce of the two doubles, one copy to the host.
+    // memory; one all-reduce of the two doubles; the decision stays there.
     ops::fill(acc_.span(), 0.0);
     for (std::size_t u = 0; u < units_.size(); ++u) ops::sum_squares_into(std::span<const G>(e_.norm_grads(u)), acc_.data());
     {
       comm::label lbl("grad_norm");
       e_.sum_partials(acc_.data(), 2);  // each element counted once on any mesh
     }
-    double partial[2];
-    ops::copy_to_host(std::span<double>(partial, 2), std::span<const double>(acc_.span()));
-    step_result r;
-    r.grad_norm = partial[1] > 0 ? std::nan("") : std::sqrt(partial[0]);
-    if (partial[1] > 0 || !std::isfinite(r.grad_norm)) {
-      r.skipped = true;
-      r.step = step_;
-      ++skipped_;
-      e_.zero_grad();
-      return r;
+    ops::for_each(1, detail::decide_step{acc_.data(), ctl_.data(), opt_.clip_norm});
+    auto rec = next_record();
+    ops::copy_to_host_async(std::span<step_control>(rec->host.data(), 1), std::span<const step_control>(ctl_.span()));
+    rec->ready.record();
+    rec->r.step = step_ + 1;
+    rec->r.lr = schedule_ ? schedule_(step_ + 1, hp_.lr) : hp_.lr;
+    const bool defer = opt_.overlap_updates && e_.local_publication();
+    // Local publication only drops gathered copies (which the updates make
+    // stale); each unit's next gather settles its update first.
+    if (defer) e_.publish_weights(/*converted=*/true);
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      const auto k = kernel(u, rec->r);
+      const std::size_t n = e_.opt_range(u).second;
+      if (defer) e_.defer(u, ops::template after<1>([] {}, [k, n] { ops::for_each(n, k); }));
+      else ops::for_each(n, k);
     }
-    if (opt_.clip_norm > 0 && r.grad_norm > opt_.clip_norm) r.clip_coef = opt_.clip_norm / (r.grad_norm + 1e-6);
-    ++step_;
-    r.step = step_;
-    r.lr = schedule_ ? schedule_(step_, hp_.lr) : hp_.lr;
-    for (std::size_t u = 0; u < units_.size(); ++u) update(u, r);
-    e_.publish_weights(/*converted=*/true);
+    if (!defer) e_.publish_weights(/*converted=*/true);
     e_.zero_grad();
-    return r;
+    pending_ = rec;
+    return step_handle<B>(std::move(rec));
   }
 
 private:
@@ -150,15 +293,39 @@ private:
     unsigned decay_shift = 0;
   };
 
-  // One pass over the unit's whole optimizer range: the algorithm's own kernel.
-  void update(std::size_t u, const step_result& r) {
+  // One pass over the unit's whole optimizer range: the algorithm's own
+  // kernel, doing nothing where the device decided to skip.
+  auto kernel(std::size_t u, const step_result& r) {
     auto& st = units_[u];
     const auto w = e_.main_weights(u);
     M* state[Algorithm::state_count];
     for (int k = 0; k < Algorithm::state_count; ++k) state[k] = st.state[std::size_t(k)].data();
     const update_args<M, G, C> args{w.data(), e_.opt_grads(u).data(), state, e_.compute_out(u),
-                                    decay_mask{st.decay_bits.data(), st.decay_shift}, r.lr, r.clip_coef, step_};
-    ops::for_each(w.size(), hp_.template kernel<M, G, C>(args));
+                                    decay_mask{st.decay_bits.data(), st.decay_shift}, r.lr,
+                                    control<float>(offsetof(step_control, grad_scale)), r.step};
+    using F = decltype(hp_.template kernel<M, G, C>(args));
+    return detail::unless_skipped<F>{hp_.template kernel<M, G, C>(args), control<int>(offsetof(step_control, skip))};
+  }
+  // A field of the control block (backend memory: its address, never dereferenced here).
+  template <class T> const T* control(std::size_t offset) const {
+    return reinterpret_cast<const T*>(reinterpret_cast<const char*>(ctl_.data()) + offset);
+  }
+  // The host's counters learn the last step's outcome.
+  void settle() {
+    if (!pending_) return;
+    const step_result& r = pending_->resolve();
+    (r.skipped ? skipped_ : step_)++;
+    pending_.reset();
+  }
+  // A record nobody holds any more (pinned staging costs a system call to allocate).
+  std::shared_ptr<detail::step_record<B>> next_record() {
+    for (auto& rec : records_)
+      if (rec.use_count() == 1) {
+        rec->r = step_result{};
+        rec->resolved = false;
+        return rec;
+      }
+    return records_.emplace_back(std::make_shared<detail::step_record<B>>());
   }
 
   view_type e_;
@@ -167,6 +334,9 @@ private:
   std::function<double(long, double)> schedule_;
   std::vector<unit_state> units_;
   buffer<double> acc_{2};  // sum of squares, non-finite count
+  buffer<step_control> ctl_{1};  // the device's decision (detail::decide_step)
+  std::shared_ptr<detail::step_record<B>> pending_;  // the last step, until the host counted it
+  std::vector<std::shared_ptr<detail::step_record<B>>> records_;
   long step_ = 0, skipped_ = 0;
 };
 

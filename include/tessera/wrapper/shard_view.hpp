@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <string_view>
 #include <span>
 #include <utility>
@@ -118,13 +119,17 @@ public:
   }
 
   // ---- buffers over this rank's optimizer range ---------------------------------
+  //! Each accessor below first settles the unit's deferred work (see defer),
+  //! so what it returns is current on the current stream.
   //! Main weights (backend memory). Where compute and main dtypes agree they
   //! are the compute weights themselves.
   [[nodiscard]] std::span<main_type> main_weights(std::size_t u) const {
-    return e_->store().main_weights(checked(u));
+    return flush(checked(u)), e_->store().main_weights(u);
   }
   //! Reduced gradients (final after finish_grad_sync).
-  [[nodiscard]] std::span<grad_type> opt_grads(std::size_t u) const { return e_->store().opt_grads(checked(u)); }
+  [[nodiscard]] std::span<grad_type> opt_grads(std::size_t u) const {
+    return flush(checked(u)), e_->store().opt_grads(u);
+  }
   //! The gradients this rank counts in the global norm: opt_grads where the
   //! optimizer is sharded, this rank's shard of them under no_shard, so that
   //! summing every rank's part counts each element once.
@@ -132,12 +137,34 @@ public:
   //! Where an optimizer may write the new compute weights of the optimizer
   //! range in the same pass as its update (then publish_weights(true)); null
   //! where they alias the main weights.
-  [[nodiscard]] compute_type* compute_out(std::size_t u) const { return e_->store().compute_out(checked(u)); }
+  [[nodiscard]] compute_type* compute_out(std::size_t u) const {
+    return flush(checked(u)), e_->store().compute_out(u);
+  }
   //! The whole padded unit of main weights on every rank's host, in shard
   //! order (rank 0's shard, then rank 1's, ...: the flat layout itself under
   //! fsdp and ddp, blocks of rows under fsdp2; the wrapper's get_param
   //! extracts one tensor). Collective.
   [[nodiscard]] std::vector<main_type> gather_main(std::size_t u) const { return e_->gather_main(u); }
+
+  // ---- deferred work (the optimizer in the next forward's shadow) ---------------
+  //! Unit u has work queued that writes its weights or optimizer state and
+  //! reads its gradients, e.g. an update on a side stream
+  //! (backend_ops<B>::after<1>); `wait` makes the current stream wait for it
+  //! (on the host backend it runs the work then). The wrapper settles it
+  //! before anything uses u again: its gather or prefetch in the next
+  //! forward, a gradient view or reduction, set_param, get_param, a
+  //! checkpoint, every accessor of this view. Settling a unit twice is free.
+  void defer(std::size_t u, std::function<void()> wait) const { e_->defer(checked(u), std::move(wait)); }
+  //! Settles unit u's deferred work (the current stream waits; no host wait on CUDA).
+  void flush(std::size_t u) const { e_->settle(u); }
+  //! Settles every unit's deferred work.
+  void flush() const { e_->settle_all(); }
+  //! Whether the wrapper's weight publication after a step is local (no
+  //! collective: the optimizer writes the compute weights where the next
+  //! gather or forward reads them), so that updates may be deferred.
+  [[nodiscard]] bool local_publication() const noexcept {
+    return e_->local_publication();
+  }
 
   // ---- the end of a step --------------------------------------------------------
   //! Completes every gradient reduction (the wrapper's finish_grad_sync).

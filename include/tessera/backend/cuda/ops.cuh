@@ -158,6 +158,24 @@ struct backend_ops<backend::cuda> {
     TESSERA_CUDA(cudaStreamSynchronize(cuda::current_stream()));
   }
 
+  //! Device to host on the current stream without waiting (dst: staging
+  //! memory); the values are there once a marker recorded after it is reached.
+  template <class T> static void copy_to_host_async(std::span<T> dst, std::span<const T> src) {
+    TESSERA_CHECK(dst.size() == src.size(), "copy of ", src.size(), " elements into ", dst.size());
+    if (!src.empty())
+      TESSERA_CUDA(cudaMemcpyAsync(dst.data(), src.data(), src.size_bytes(), cudaMemcpyDeviceToHost,
+                                   cuda::current_stream()));
+  }
+  //! A point in the work issued so far on the current stream: record() sets
+  //! it, done() asks whether the work before it finished, wait() blocks the
+  //! host until it did.
+  struct marker {
+    cuda::event e;
+    void record() { e.record(cuda::current_stream()); }
+    [[nodiscard]] bool done() const { return e.done(); }
+    void wait() const { e.synchronize(); }
+  };
+
   //! f(i) for i in [0, n) on the device; vector_width-wide where f offers it
   //! and says its pointers allow it (f.vector_ok). The launch shape is the one
   //! tessera-bench-optim --variants measured fastest on an H200 (2026-11-29,
@@ -202,9 +220,11 @@ struct backend_ops<backend::cuda> {
   //! on the current stream) are queued there at once. Returns a callable that
   //! makes the caller's current stream wait for all of it. So a gather's
   //! copy-out runs as soon as the gather lands, while the compute stream works
-  //! on the unit before; the host does not wait.
-  template <class Wait, class Then> static auto after(Wait wait, Then then) {
-    auto& side = detail_side();
+  //! on the unit before; the host does not wait. Each `Lane` has its own side
+  //! stream (0: gathers' copies; 1: the optimizer's deferred updates, which
+  //! would otherwise hold copy-outs up behind them).
+  template <int Lane = 0, class Wait, class Then> static auto after(Wait wait, Then then) {
+    auto& side = detail_side<Lane>();
     const cudaStream_t compute = cuda::current_stream();
     side.ready.record(compute);
     side.ready.wait_on(side.stream.get());
@@ -230,7 +250,7 @@ private:
     cuda::event ready;
     cuda::event_pool done;
   };
-  static side_stream& detail_side() {
+  template <int Lane> static side_stream& detail_side() {
     thread_local side_stream s;
     return s;
   }

@@ -36,6 +36,18 @@ struct backend_ops<backend::host> {
   }
   template <class T> static void copy_from_host(std::span<T> dst, std::span<const T> src) { copy(dst, src); }
   template <class T> static void copy_to_host(std::span<T> dst, std::span<const T> src) { copy(dst, src); }
+  //! Device to host without waiting (dst: staging memory); the values are
+  //! there once a marker recorded after it is reached. Here at once.
+  template <class T> static void copy_to_host_async(std::span<T> dst, std::span<const T> src) { copy(dst, src); }
+
+  //! A point in the work issued so far on the current stream: record() sets
+  //! it, done() asks whether the work before it finished, wait() blocks the
+  //! host until it did. Host work is done when issued.
+  struct marker {
+    void record() noexcept {}
+    [[nodiscard]] bool done() const noexcept { return true; }
+    void wait() const noexcept {}
+  };
 
   //! Calls f(i) for i in [0, n) in order.
   template <class F> static void for_each(std::size_t n, F f) {
@@ -57,8 +69,9 @@ struct backend_ops<backend::host> {
 
   //! Work that must follow an asynchronous operation: returns a callable that
   //! waits for it (`wait`) and then runs `then`. Here both run when the
-  //! callable is called; the CUDA backend queues them at once on a side stream.
-  template <class Wait, class Then> static auto after(Wait wait, Then then) {
+  //! callable is called; the CUDA backend queues them at once on side stream
+  //! `Lane` (0: gathers' copies, 1: the optimizer's deferred updates).
+  template <int Lane = 0, class Wait, class Then> static auto after(Wait wait, Then then) {
     return [wait = std::move(wait), then = std::move(then)]() mutable {
       wait();
       then();

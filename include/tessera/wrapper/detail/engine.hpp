@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
+#include <functional>
 #include <limits>
 #include <string_view>
 #include <span>
@@ -95,6 +96,7 @@ public:
     plan_ = rules::plan(reg_.layouts(), comm_.size(), opt_);
     store_.allocate(reg_, comm_, solo_, opt_.lend_grad_shards, outer_.communicator());
     units_.resize(store_.size());
+    deferred_.resize(store_.size());
     outer_.resize(store_.size());
     allocate_pools();
   }
@@ -134,6 +136,7 @@ public:
     const auto& s = reg_.slot(p);
     TESSERA_CHECK(full.size() == s.numel, "set_param('", s.spec.name, "'): ", full.size(),
                   " values for shape ", s.spec.shape.str(), " (", s.numel, " elements)");
+    settle(std::size_t(p.unit));
     store_[std::size_t(p.unit)].weights_ready.wait();
     invalidate_gathered();
     store_.set_param(std::size_t(p.unit), std::size_t(p.index), full);
@@ -141,9 +144,34 @@ public:
   //! The whole padded unit of main weights on every rank's host. Collective.
   [[nodiscard]] std::vector<M> gather_main(std::size_t u) {
     (void)layout(u);  // checks u
+    settle(u);
     return store_.gather_main(u);
   }
   [[nodiscard]] unit_store<Cfg>& store() noexcept { return store_; }
+
+  // ---- deferred work on a unit -------------------------------------------------------
+  //! Unit u has work queued that writes its weights or optimizer state and
+  //! reads its gradients (an optimizer update in the next forward's shadow);
+  //! `wait` makes the current stream wait for it (the host backend runs it
+  //! then). Every later use of u's weights or gradients settles it first.
+  void defer(std::size_t u, std::function<void()> wait) {
+    settle(u);
+    deferred_.at(u) = std::move(wait);
+  }
+  //! The current stream waits for unit u's deferred work (no host wait on CUDA).
+  void settle(std::size_t u) {
+    if (auto w = std::exchange(deferred_.at(u), nullptr)) w();
+  }
+  void settle_all() {
+    for (std::size_t u = 0; u < deferred_.size(); ++u) settle(u);
+  }
+  //! Whether publish_weights communicates nothing (the optimizer writes the
+  //! compute weights where the next gather or forward reads them).
+  [[nodiscard]] bool local_publication() const noexcept {
+    return (!(strategy::shards_optimizer && !strategy::shards_params) || solo_) && !store_.splits_any();
+  }
+  //! Whether unit u has deferred work not yet settled.
+  [[nodiscard]] bool deferred(std::size_t u) const { return bool(deferred_.at(u)); }
 
   // ---- the step: gather, gradients, reduction ------------------------------------
   //! Starts micro-batch `index` of `count`. no_shard and optim communicate only
@@ -176,6 +204,7 @@ public:
   //! Gradient view of a whole padded unit (accumulates over micro-batches).
   [[nodiscard]] std::span<G> unit_grads(std::size_t u) {
     check_grad_access(u);
+    settle(u);
     if (store_.has_full_grads()) return store_.full_grads(u);
     if (units_[u].grad_slot < 0) units_[u].grad_slot = acquire_slot(u, /*zero grads=*/true);
     return slot_grads(u);
@@ -186,6 +215,7 @@ public:
   //! which is zero; this saves zeroing all gradients every step.
   [[nodiscard]] grad_target<G> unit_grads_for_write(std::size_t u) {
     check_grad_access(u);
+    settle(u);
     auto& st = units_[u];
     if (store_.has_full_grads()) return {store_[u].grad_full.span(), std::exchange(store_[u].zero_pending, false)};
     if (st.grad_slot >= 0) return {slot_grads(u), false};
@@ -203,6 +233,7 @@ public:
     TESSERA_CHECK(!st.reduced, "reduce_grads('", layout(u).name(), "') called twice in one micro-batch");
     st.reduced = true;
     touched_ = true;
+    settle(u);  // the reduction overwrites the gradients the last update read
     if (store_.has_full_grads()) (void)store_.full_grads(u);  // nobody wrote: zeros
     if (solo_) {  // one rank, wire = grad type: the sum over the group is the gradient itself
       if (mb_index_ == mb_count_ - 1) issue_outer(u);
@@ -257,6 +288,7 @@ public:
   //! gradient for no_shard, so that one all-reduce of the partial sums gives
   //! the norm on every world size.
   [[nodiscard]] std::span<G> norm_grads(std::size_t u) {
+    settle(u);
     if (strategy::shards_optimizer || solo_) return store_.opt_grads(u);
     return store_.opt_grads(u).subspan(layout(u).shard_begin(rank()), layout(u).shard_numel());
   }
@@ -264,6 +296,7 @@ public:
   //! weights through compute_out): refresh the compute weights and, where they
   //! are replicated but the optimizer is sharded, start their all-gather.
   void publish_weights(bool converted = false) {
+    settle_all();
     invalidate_gathered();
     store_.publish(converted);
   }
@@ -279,6 +312,7 @@ public:
     TESSERA_CHECK(!mb_open_ && !grads_ready_, "lend_grad_shard('", L.name(),
                   "') during a step; lend between steps (after step() or zero_grad())");
     if (!lends_shards()) return;  // no shard: nothing sharded, or one rank holds everything
+    settle(u);  // a deferred update reads the shard where it was
     TESSERA_CHECK(memory.size() >= L.shard_numel(), "lend_grad_shard('", L.name(), "'): ", memory.size(),
                   " elements lent, its gradient shard needs ", L.shard_numel());
     TESSERA_CHECK(reinterpret_cast<std::uintptr_t>(memory.data()) % 16 == 0, "lend_grad_shard('", L.name(),
@@ -289,6 +323,7 @@ public:
   [[nodiscard]] bool lends_shards() const noexcept { return opt_.lend_grad_shards && store_.has_shards(); }
   //! Waits for every collective in flight.
   void synchronize() {
+    settle_all();
     complete_all();
     outer_.wait_all();
     store_.wait_weights();
@@ -309,6 +344,7 @@ public:
   void acquire(std::size_t u) {
     reg_.require_final("gather()");
     auto& st = units_.at(u);
+    settle(u);
     if (!strategy::shards_params || solo_) {
       store_[u].weights_ready.wait();
       st.holders++;
@@ -501,6 +537,7 @@ private:
   }
 
   void start_gather(std::size_t u, bool for_prefetch) {
+    settle(u);  // the shard's update (the collective is ordered after the current stream)
     store_[u].weights_ready.wait();  // outer<optim>: the replicas' parts of the new shard
     const auto held = [this](std::size_t v) { return units_[v].holders > 0; };
     comm::label lbl(for_prefetch ? "prefetch" : "gather", layout(u).name().c_str());
@@ -559,6 +596,7 @@ private:
   unit_registry reg_;
   unit_store<Cfg> store_;
   std::vector<unit_state> units_;
+  std::vector<std::function<void()>> deferred_;  // per unit: waits for its deferred work (defer)
   pool_type slots_;
   std::vector<poison_state> poison_;  // per reduction slot (poison_released)
   row_copies<backend_type> rows_;  // the rows layout's copies (fsdp2)

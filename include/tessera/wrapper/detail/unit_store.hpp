@@ -93,6 +93,11 @@ public:
   [[nodiscard]] std::pair<std::size_t, std::size_t> opt_range(std::size_t u) const {
     return rules::opt_range(reg_->layout(u), comm_.rank(), part_);
   }
+  //! Whether some unit's shard is split across replicas (outer<optim>: the
+  //! publication all-gathers the parts).
+  [[nodiscard]] bool splits_any() const noexcept {
+    return std::any_of(reg_->layouts().begin(), reg_->layouts().end(), [](const auto& L) { return L.splits() > 1; });
+  }
   //! This rank's part of a split shard: its replica rank under outer<optim>, else 0.
   [[nodiscard]] int part() const noexcept { return part_; }
   [[nodiscard]] std::span<M> main_weights(std::size_t u) {
