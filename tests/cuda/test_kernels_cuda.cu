@@ -67,6 +67,31 @@ BOOST_AUTO_TEST_CASE(conversions_on_device_match_host) {
   BOOST_TEST(bad == 0u);
 }
 
+// The wire conversion (detail::scale_convert) on the device, through its
+// 8-wide path (aligned) and its element path (offset by one element), fp32 ->
+// bf16 and in place, against the host's arithmetic bit for bit.
+BOOST_AUTO_TEST_CASE(scale_convert_vector_and_element_paths_match_host) {
+  std::mt19937_64 rng(11);
+  std::normal_distribution<float> nd;
+  for (std::size_t n : sizes)
+    for (std::size_t off : {std::size_t(0), std::size_t(1)}) {
+      std::vector<float> x(n + off);
+      for (auto& v : x) v = nd(rng);
+      auto dx = to_device(x);
+      dbuf<bf16> dy(n + off);
+      const tessera::detail::scale_convert<bf16, float> f(dx.data() + off, dy.data() + off, 0.25);
+      BOOST_TEST(f.vector_ok == (off == 0));
+      ops::for_each(n, f);
+      ops::for_each(n, tessera::detail::scale_convert<float, float>(dx.data() + off, dx.data() + off, 0.5));  // in place
+      const auto y = to_host(dy);
+      const auto x2 = to_host(dx);
+      std::size_t bad = 0;
+      for (std::size_t i = 0; i < n; ++i)
+        bad += (y[off + i].bits != bf16(x[off + i] * 0.25f).bits) + (x2[off + i] != x[off + i] * 0.5f);
+      BOOST_TEST_CONTEXT("n " << n << " offset " << off) { BOOST_TEST(bad == 0u); }
+    }
+}
+
 BOOST_AUTO_TEST_CASE(fill_copy_and_memory_accounting) {
   const std::size_t before = memory_of<backend::cuda>().current();
   for (std::size_t n : sizes) {

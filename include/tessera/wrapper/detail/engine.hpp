@@ -11,7 +11,6 @@
 #include <cstdlib>
 #include <exception>
 #include <functional>
-#include <limits>
 #include <string_view>
 #include <span>
 #include <string>
@@ -21,7 +20,6 @@
 #include "tessera/backend/ops.hpp"
 #include "tessera/comm/communicator.hpp"
 #include "tessera/comm/trace.hpp"
-#include "tessera/core/checksum.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/policy/config.hpp"
 #include "tessera/shard/layout.hpp"
@@ -245,7 +243,7 @@ public:
     } else {
       if (st.grad_slot < 0) st.grad_slot = acquire_slot(u, true);  // no gradient written: zeros
       issue_reduction(u, st.grad_slot, slot_grads(u));
-      if (opt_.poison_released && strategy::shards_grads) poison_[std::size_t(st.grad_slot)].sent = sum_of(slot_grads(u));
+      if (opt_.poison_released && strategy::shards_grads) slots_.note_sent(st.grad_slot, slot_grads(u));
     }
   }
 
@@ -370,34 +368,6 @@ public:
   }
 
 private:
-  // poison_released: what a gradient slot held when its reduction was issued.
-  struct poison_state {
-    std::uint64_t sent = 0;  // checksum of the gradients as sent
-    int unit = -1;           // the unit whose reduction it held, now NaN; -1: nothing to check
-  };
-  template <class T>
-  static std::uint64_t sum_of(std::span<T> x) {
-    std::vector<std::remove_const_t<T>> host(x.size());
-    ops::copy_to_host(std::span<std::remove_const_t<T>>(host), std::span<const T>(x));
-    return checksum64::of(host.data(), host.size() * sizeof(T));
-  }
-  // Before slot s's reduction lands: its gradients must be as sent (else the
-  // returned message); then they become NaN.
-  std::string poison_slot(int s) {
-    auto& sl = slots_[s];
-    if (sl.unit < 0) return {};
-    const auto& L = layout(std::size_t(sl.unit));
-    const auto g = sl.grad.span().first(L.padded_numel());
-    slots_.wait(s);
-    std::string misuse;
-    if (sum_of(g) != poison_[std::size_t(s)].sent)
-      misuse = "gradients of unit '" + L.name() + "' were written after reduce_grads('" + L.name() +
-               "'), while its reduction was in flight; gradient views are valid until reduce_grads of their unit "
-               "(found by wrapper_options::poison_released)";
-    ops::fill(g, convert<G>(std::numeric_limits<float>::quiet_NaN()));
-    poison_[std::size_t(s)].unit = sl.unit;
-    return misuse;
-  }
   // What decides the collectives besides the model; ranks must agree on it.
   std::string config_text() const {
     return std::string(strategy::name) + " / " + std::string(Cfg::wrapper::name) + " / compute " +
@@ -424,7 +394,6 @@ private:
     slots_ = pool_type(opt_.grad_buffers, strategy::shards_grads ? max_padded : 0,
                        rules::needs_wire(permuted) ? max_padded : 0,
                        strategy::shards_optimizer && !rules::wire_is_grad ? max_shard : 0);
-    poison_.assign(std::size_t(opt_.grad_buffers), poison_state{});
     if constexpr (strategy::shards_params)
       gathers_ = gather_pool<C, backend_type>(comm_, opt_.gather_buffers, max_padded, units_.size(), permuted);
   }
@@ -487,19 +456,14 @@ private:
       complete(s);
     }
     if constexpr (strategy::shards_grads)
-      if (opt_.poison_released && poison_[std::size_t(s)].unit >= 0) {  // still all NaN since its reduction?
-        auto& pz = poison_[std::size_t(s)];
-        const std::size_t n = layout(std::size_t(pz.unit)).padded_numel();
-        std::vector<G> host(n);
-        ops::copy_to_host(std::span<G>(host), std::span<const G>(slots_[s].grad.span().first(n)));
-        const std::string was = layout(std::size_t(pz.unit)).name();
-        pz.unit = -1;
-        for (const G& v : host)
-          if (!std::isnan(float(v)))
-            fail("a gradient span of unit '" + was + "' was written after its reduction completed (after "
-                 "reduce_grads('" + was + "') and the step or micro-batch that finished it); gradient views are "
-                 "valid until reduce_grads of their unit (found by wrapper_options::poison_released)");
-      }
+      if (opt_.poison_released)
+        if (const int was = slots_.poisoned_unit(s); was >= 0) {
+          const auto& L = layout(std::size_t(was));
+          if (!slots_.still_poisoned(s, L.padded_numel()))
+            fail("a gradient span of unit '" + L.name() + "' was written after its reduction completed (after "
+                 "reduce_grads('" + L.name() + "') and the step or micro-batch that finished it); gradient views "
+                 "are valid until reduce_grads of their unit (found by wrapper_options::poison_released)");
+        }
     slots_[s].unit = int(u);
     if constexpr (strategy::shards_grads)
       if (zero_grads) ops::fill(slots_[s].grad.span().first(layout(u).padded_numel()), G{});
@@ -511,7 +475,13 @@ private:
   void complete(int s) {
     std::string misuse;
     if constexpr (strategy::shards_grads)
-      if (opt_.poison_released) misuse = poison_slot(s);
+      if (opt_.poison_released && slots_[s].unit >= 0) {
+        const auto& L = layout(std::size_t(slots_[s].unit));
+        if (!slots_.poison_on_landing(s, L.padded_numel()))
+          misuse = "gradients of unit '" + L.name() + "' were written after reduce_grads('" + L.name() +
+                   "'), while its reduction was in flight; gradient views are valid until reduce_grads of their "
+                   "unit (found by wrapper_options::poison_released)";
+      }
     const std::size_t u = std::size_t(slots_.complete(s));
     store_[u].shard_fresh = false;
     if (units_[u].grad_slot == s) units_[u].grad_slot = -1;
@@ -598,7 +568,6 @@ private:
   std::vector<unit_state> units_;
   std::vector<std::function<void()>> deferred_;  // per unit: waits for its deferred work (defer)
   pool_type slots_;
-  std::vector<poison_state> poison_;  // per reduction slot (poison_released)
   row_copies<backend_type> rows_;  // the rows layout's copies (fsdp2)
   gather_pool<C, backend_type> gathers_;
   memory_plan plan_;

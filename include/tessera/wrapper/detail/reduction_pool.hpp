@@ -3,15 +3,21 @@
 //! that reductions in flight hold, and what each reduction does when its
 //! collective completes (convert from the wire dtype, post-divide, accumulate
 //! into the unit's gradients). Reductions complete in the order they were
-//! issued, so every rank waits on the same sequence.
+//! issued, so every rank waits on the same sequence. Under
+//! wrapper_options::poison_released it also checks that nobody wrote a slot's
+//! gradients while its reduction was in flight or after it landed.
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
+#include <span>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "tessera/backend/ops.hpp"
 #include "tessera/comm/communicator.hpp"
+#include "tessera/core/checksum.hpp"
 #include "tessera/wrapper/detail/convert.hpp"
 
 namespace tessera::detail {
@@ -41,6 +47,7 @@ public:
     for (int i = 0; i < count; ++i) {
       slots_.push_back({buffer<G>(grad_n), buffer<W>(wire_n), buffer<W>(shard_n), -1});
       flight_.emplace_back();
+      poison_.emplace_back();
     }
   }
 
@@ -87,6 +94,33 @@ public:
     }
     return std::exchange(sl.unit, -1);
   }
+  // ---- poison_released: gradients written after reduce_grads are caught ---------
+  //! Slot i's gradients `g` were just sent to its reduction: remember them.
+  void note_sent(int i, std::span<G> g) { poison_[std::size_t(i)].sent = checksum_of(g); }
+  //! Before slot i's reduction lands: whether its first n gradients are still
+  //! as sent (false: written while in flight); then they become NaN.
+  bool poison_on_landing(int i, std::size_t n) {
+    auto& sl = slots_[std::size_t(i)];
+    const auto g = sl.grad.span().first(n);
+    wait(i);
+    const bool intact = checksum_of(g) == poison_[std::size_t(i)].sent;
+    ops::fill(g, convert<G>(std::numeric_limits<float>::quiet_NaN()));
+    poison_[std::size_t(i)].unit = sl.unit;
+    return intact;
+  }
+  //! The unit whose gradients slot i held when they became NaN, or -1.
+  [[nodiscard]] int poisoned_unit(int i) const noexcept { return poison_[std::size_t(i)].unit; }
+  //! Before slot i is reused: whether its first n gradients are all still NaN
+  //! (false: written after their reduction completed). Forgets the unit.
+  bool still_poisoned(int i, std::size_t n) {
+    poison_[std::size_t(i)].unit = -1;
+    std::vector<G> host(n);
+    ops::copy_to_host(std::span<G>(host), std::span<const G>(slots_[std::size_t(i)].grad.span().first(n)));
+    for (const G& v : host)
+      if (!std::isnan(float(v))) return false;
+    return true;
+  }
+
   //! Frees every slot (nothing may be in flight).
   void clear() noexcept {
     for (auto& s : slots_) s.unit = -1;
@@ -103,8 +137,19 @@ private:
     bool overwrite = false;
     bool pending = false;  // issued and not completed (a request may finish before its wait)
   };
+  // What a slot held when its reduction was issued (poison_released).
+  struct poison_state {
+    std::uint64_t sent = 0;  // checksum of the gradients as sent
+    int unit = -1;           // the unit whose reduction it held, now NaN; -1: nothing to check
+  };
+  static std::uint64_t checksum_of(std::span<G> x) {
+    std::vector<G> host(x.size());
+    ops::copy_to_host(std::span<G>(host), std::span<const G>(x));
+    return checksum64::of(host.data(), host.size() * sizeof(G));
+  }
   std::vector<slot> slots_;
   std::vector<flight> flight_;
+  std::vector<poison_state> poison_;
   std::uint64_t order_ = 0;
 };
 
