@@ -221,8 +221,14 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
   std::size_t own_shards = 0;  // gradient shards too large for their unit's activations
   if constexpr (requires { net.lend_grad_shards(); })
     if (o.lend_grad_shards) own_shards = net.lend_grad_shards();
-  const memory_estimate est{model.planned().total(), opt.state_bytes(),
-                            Net::workspace_bytes(shape, n_alloc, nopt) + own_shards, blas_workspace};
+  memory_estimate est{model.planned().total(), opt.state_bytes(),
+                      Net::workspace_bytes(shape, n_alloc, nopt) + own_shards, blas_workspace};
+  {  // The busiest rank's, part by part (ranks differ by a decay-mask word or a token), as tessera-plan gives it.
+    std::int64_t v[4] = {std::int64_t(est.model_state), std::int64_t(est.optimizer_state),
+                         std::int64_t(est.activations), std::int64_t(est.blas_workspace)};
+    comm::all_reduce(world, std::span<std::int64_t>(v, 4), comm::reduce_op::max);
+    est = {std::size_t(v[0]), std::size_t(v[1]), std::size_t(v[2]), std::size_t(v[3])};
+  }
 
   // The host samples micro-batch i + 1 while the device runs micro-batch i.
   struct batch {

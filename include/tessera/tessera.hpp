@@ -27,6 +27,7 @@
 #include "tessera/wrapper/shard_view.hpp"
 #include "tessera/optim/algorithms.hpp"
 #include "tessera/optim/sharded_optimizer.hpp"
+#include "tessera/plan/memory.hpp"
 #if TESSERA_CUDA_COMPILER || defined(TESSERA_WITH_CUDA)
 #include "tessera/backend/cuda/blas.hpp"
 #include "tessera/backend/cuda/ops.cuh"

@@ -98,6 +98,29 @@ struct unless_skipped<F, true> {
   }
 };
 
+// The weight-decay mask of one unit's optimizer range of n elements: a bit
+// per granule of the layout's alignment (a power of two; else per element),
+// cleared where a tensor without weight decay lies (piece_of(t): tensor t's
+// part of the range); empty when every tensor decays. `shift` receives log2
+// of the granule.
+template <class PieceOf>
+std::vector<std::uint32_t> decay_mask_bits(const unit_layout& L, std::size_t n, PieceOf piece_of, unsigned& shift) {
+  const std::size_t A = L.alignment();
+  shift = (A & (A - 1)) == 0 ? unsigned(std::countr_zero(A)) : 0u;
+  const std::size_t granules = (n + (std::size_t(1) << shift) - 1) >> shift;
+  std::vector<std::uint32_t> bits((granules + 31) / 32, ~0u);
+  bool any_exempt = false;
+  for (std::size_t t = 0; t < L.tensors().size(); ++t) {
+    const piece p = piece_of(t);  // range-relative
+    if (p.empty() || L.tensors()[t].spec.weight_decay) continue;
+    any_exempt = true;
+    for (std::size_t gi = p.shard_begin >> shift; gi <= (p.shard_begin + p.count - 1) >> shift; ++gi)
+      bits[gi >> 5] &= ~(1u << (gi & 31));
+  }
+  if (!any_exempt) bits.clear();
+  return bits;
+}
+
 // One step's outcome on its way to the host: the device's decision copied
 // into staging memory behind a marker, and what the host fixed at issue.
 template <class B>
@@ -166,31 +189,17 @@ public:
     TESSERA_CHECK(opt.clip_norm >= 0, "clip_norm must be >= 0, got ", opt.clip_norm);
     for (std::size_t u = 0; u < e_.num_units(); ++u) {
       const auto& L = e_.layout(u);
-      const auto [lo, n] = e_.opt_range(u);
+      const std::size_t n = e_.opt_range(u).second;
       unit_state st;
       for (int k = 0; k < Algorithm::state_count; ++k) {
         st.state.emplace_back(n);
         ops::fill(st.state.back().span(), M{});
       }
-      // The decay mask: a bit per granule of the layout's alignment (a power
-      // of two), or per element otherwise; none when every tensor decays.
-      const std::size_t A = L.alignment();
-      const unsigned shift = (A & (A - 1)) == 0 ? unsigned(std::countr_zero(A)) : 0u;
-      const std::size_t granules = (n + (std::size_t(1) << shift) - 1) >> shift;
-      std::vector<std::uint32_t> bits((granules + 31) / 32, ~0u);
-      bool any_exempt = false;
-      for (std::size_t t = 0; t < L.tensors().size(); ++t) {
-        const piece p = e_.range_piece(u, t);  // the tensor's part of the range, range-relative
-        if (p.empty() || L.tensors()[t].spec.weight_decay) continue;
-        any_exempt = true;
-        for (std::size_t gi = p.shard_begin >> shift; gi <= (p.shard_begin + p.count - 1) >> shift; ++gi)
-          bits[gi >> 5] &= ~(1u << (gi & 31));
-      }
-      if (any_exempt) {
+      const auto bits = detail::decay_mask_bits(L, n, [&](std::size_t t) { return e_.range_piece(u, t); }, st.decay_shift);
+      if (!bits.empty()) {
         st.decay_bits = buffer<std::uint32_t>(bits.size());
         ops::copy_from_host(st.decay_bits.span(), std::span<const std::uint32_t>(bits));
       }
-      st.decay_shift = shift;
       units_.push_back(std::move(st));
     }
   }
@@ -213,6 +222,20 @@ public:
     for (auto& u : units_) {
       b += u.decay_bits.size() * sizeof(std::uint32_t);
       for (auto& s : u.state) b += s.size() * sizeof(M);
+    }
+    return b;
+  }
+  //! What state_bytes() will be on rank `rank` (replica part `part` under
+  //! outer<optim>) of a wrapper with these layouts, without building either:
+  //! the same ranges and masks the constructor allocates (tessera/plan/memory.hpp).
+  [[nodiscard]] static std::size_t planned_state_bytes(const std::vector<unit_layout>& layouts, int rank, int part = 0) {
+    using rules = detail::storage<typename Wrapper::config>;
+    std::size_t b = 2 * sizeof(double) + sizeof(step_control);
+    for (const auto& L : layouts) {
+      const std::size_t n = rules::opt_range(L, rank, part).second;
+      unsigned shift = 0;
+      const auto bits = detail::decay_mask_bits(L, n, [&](std::size_t t) { return rules::range_piece(L, t, rank, part); }, shift);
+      b += bits.size() * sizeof(std::uint32_t) + std::size_t(Algorithm::state_count) * n * sizeof(M);
     }
     return b;
   }

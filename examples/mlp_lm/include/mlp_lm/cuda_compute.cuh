@@ -25,6 +25,7 @@
 
 #include "mlp_lm/cuda_kernels.cuh"
 #include "mlp_lm/model.hpp"
+#include "mlp_lm/workspace.hpp"
 #include "tessera/backend/cuda/blaslt.hpp"
 #include "tessera/backend/cuda/buffer.hpp"
 #include "tessera/backend/cuda/stream.hpp"
@@ -111,12 +112,7 @@ public:
   }
   //! Device bytes this class holds (activations, staging, scratch), for the memory estimate.
   [[nodiscard]] static std::size_t workspace_bytes(const model_shape& s, std::size_t max_tokens, net_options o = {}) {
-    const std::size_t D = std::size_t(s.d), H = std::size_t(s.hidden()), L = std::size_t(s.layers), n = max_tokens;
-    const std::size_t act = o.recompute_gelu ? 0 : L * n * H;  // GELU outputs, unless recomputed
-    return sizeof(C) * (round8(n * D) + L * block_stride(s, n) + act + n * vocab + n * D + n * H + H +
-                        n * std::size_t(s.ctx) * vocab) +
-           sizeof(float) * scratch_floats(s) + sizeof(double) +
-           input_bytes_for(s, n);
+    return workspace::cuda_bytes<C>(s, max_tokens, o.recompute_gelu);  // what the constructor allocates
   }
 
   //! One micro-batch on the current stream: forward, loss, backward with
@@ -261,16 +257,9 @@ private:
   // One device block (and one copy) per micro-batch: context bytes, targets,
   // the (token, position) rows grouped by byte for the embedding gradient, and
   // the group starts. Offsets keep the int arrays 4-byte aligned.
-  static std::size_t round4(std::size_t b) { return (b + 3) / 4 * 4; }
-  // Scratch for column sums and bias gradients: the widest is the hidden layer's
-  // (db1 over 4d columns), also holds the one-hot GEMM's [vocab, e] output.
-  static std::size_t scratch_floats(const model_shape& s) {
-    return std::max(gpu::column_scratch_floats(std::max({s.d, s.hidden(), vocab})), std::size_t(vocab) * std::size_t(s.e()));
-  }
-  static std::size_t input_bytes_for(const model_shape& s, std::size_t n) {
-    const std::size_t rows = n * std::size_t(s.ctx);
-    return round4(rows) + round4(n) + rows * sizeof(int) + (vocab + 1) * sizeof(int);
-  }
+  static std::size_t round4(std::size_t b) { return workspace::round4(b); }
+  static std::size_t scratch_floats(const model_shape& s) { return workspace::scratch_floats(s); }
+  static std::size_t input_bytes_for(const model_shape& s, std::size_t n) { return workspace::input_bytes(s, n); }
   [[nodiscard]] std::size_t input_bytes() const { return input_bytes_for(s_, n_max_); }
 
   staged_inputs stage(const std::uint8_t* ctx, const std::uint8_t* target, std::size_t n) {
@@ -379,10 +368,8 @@ private:
   // was last read by block l+1's), so the block's region can hold its gradient
   // shard from its reduction to the next forward. Offsets in multiples of 8
   // elements keep every matrix 16-byte aligned.
-  static std::size_t round8(std::size_t n) { return (n + 7) / 8 * 8; }
-  static std::size_t block_stride(const model_shape& s, std::size_t n) {
-    return round8(n * std::size_t(s.hidden())) + round8(n * std::size_t(s.d));
-  }
+  static std::size_t round8(std::size_t n) { return workspace::round8(n); }
+  static std::size_t block_stride(const model_shape& s, std::size_t n) { return workspace::block_stride(s, n); }
   C* Pre(int l) { return arena_.data() + round8(n_max_ * std::size_t(s_.d)) + std::size_t(l) * block_stride(s_, n_max_); }
   C* X(int l) { return l == 0 ? arena_.data() : Pre(l - 1) + round8(n_max_ * std::size_t(s_.hidden())); }
 

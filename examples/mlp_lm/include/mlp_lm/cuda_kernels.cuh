@@ -14,6 +14,7 @@
 #include "tessera/backend/cuda/error.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/backend/cuda/stream.hpp"
+#include "mlp_lm/workspace.hpp"
 #include "tessera/core/dtype.hpp"
 
 namespace mlp_lm::gpu {
@@ -193,13 +194,8 @@ __global__ void column_finish_kernel(const T* partial, int parts, int cols, floa
   out[c] = overwrite ? t : out[c] + t;
 }
 
-//! Most row slices column_sums uses (its scratch holds this many rows of cols floats).
-constexpr int column_parts_max = 64;
-
-//! Floats of scratch column_sums needs for any row count at up to max_cols columns.
-constexpr std::size_t column_scratch_floats(int max_cols) {
-  return std::size_t(column_parts_max) * std::size_t(max_cols);
-}
+using workspace::column_parts_max;       // most row slices column_sums uses
+using workspace::column_scratch_floats;  // its scratch for up to max_cols columns
 
 //! out[c] (+)= sum_r Y[r, c] for Y[n, cols]; scratch holds column_scratch_floats(cols) floats
 //! (checked: an undersized scratch is an error, not a write past its end).

@@ -1,0 +1,51 @@
+#pragma once
+// What the reference model's CUDA compute holds besides the wrapper: its
+// activation arena, gradients of activations, scratch and staged inputs, as
+// plain arithmetic on the model's shape, so that host-only code (tessera-plan)
+// counts the same bytes cuda_mlp allocates. cuda_compute.cuh and
+// cuda_kernels.cuh take their sizes from here.
+#include <algorithm>
+#include <cstddef>
+
+#include "mlp_lm/model.hpp"
+
+namespace mlp_lm::workspace {
+
+//! Most row slices gpu::column_sums uses (its scratch holds this many rows of cols floats).
+constexpr int column_parts_max = 64;
+//! Floats of scratch column_sums needs for any row count at up to max_cols columns.
+constexpr std::size_t column_scratch_floats(int max_cols) {
+  return std::size_t(column_parts_max) * std::size_t(max_cols);
+}
+//! Offsets in multiples of 8 elements keep every matrix 16-byte aligned.
+constexpr std::size_t round8(std::size_t n) { return (n + 7) / 8 * 8; }
+constexpr std::size_t round4(std::size_t b) { return (b + 3) / 4 * 4; }
+//! One block's region of the arena: its GELU input, then its output stream.
+inline std::size_t block_stride(const model_shape& s, std::size_t n) {
+  return round8(n * std::size_t(s.hidden())) + round8(n * std::size_t(s.d));
+}
+//! Scratch for column sums and bias gradients: the widest is the hidden
+//! layer's (db1 over 4d columns); it also holds the one-hot GEMM's [vocab, e] output.
+inline std::size_t scratch_floats(const model_shape& s) {
+  return std::max(column_scratch_floats(std::max({s.d, s.hidden(), vocab})), std::size_t(vocab) * std::size_t(s.e()));
+}
+//! One micro-batch's staged inputs: context bytes, targets, the (token,
+//! position) rows grouped by byte for the embedding gradient, the group starts.
+inline std::size_t input_bytes(const model_shape& s, std::size_t n) {
+  const std::size_t rows = n * std::size_t(s.ctx);
+  return round4(rows) + round4(n) + rows * sizeof(int) + (vocab + 1) * sizeof(int);
+}
+//! Device bytes of cuda_mlp<C> for micro-batches of up to n tokens: the
+//! arena (X0, then each block's GELU input and output), the kept GELU outputs
+//! (none when recomputed), logits, dX, dH, a bias gradient, the one-hot
+//! matrix, scratch, the loss and the staged inputs.
+template <class C>
+std::size_t cuda_bytes(const model_shape& s, std::size_t n, bool recompute_gelu) {
+  const std::size_t D = std::size_t(s.d), H = std::size_t(s.hidden()), L = std::size_t(s.layers);
+  const std::size_t act = recompute_gelu ? 0 : L * n * H;
+  return sizeof(C) * (round8(n * D) + L * block_stride(s, n) + act + n * vocab + n * D + n * H + H +
+                      n * std::size_t(s.ctx) * vocab) +
+         sizeof(float) * scratch_floats(s) + sizeof(double) + input_bytes(s, n);
+}
+
+}  // namespace mlp_lm::workspace
