@@ -6,7 +6,9 @@
 #include "common/training_harness.hpp"
 
 #include <cmath>
+#include <optional>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #include "tessera/tessera.hpp"
@@ -262,4 +264,28 @@ BOOST_AUTO_TEST_CASE(step_defers_each_update_until_the_unit_is_used) {
   if (q2.count > 0) BOOST_TEST(raw2[0] == 1.0f);
   for (float x : m.get_param(w2)) BOOST_TEST(x == 0.5f);  // get_param settles c
   BOOST_TEST(opt.steps() == 1);
+}
+
+// An optimizer may move (its deferred updates point into its state buffers,
+// which move with it): the moved-to one finishes the step the other started.
+BOOST_AUTO_TEST_CASE(a_moved_optimizer_keeps_its_deferred_updates) {
+  static_assert(std::is_move_constructible_v<ShardedOptimizer<sgd, data_parallel_t<config<optim_grads_params, fsdp>>>>);
+  comm::mpi c;
+  data_parallel_t<config<optim_grads_params, fsdp>> m(c);
+  const auto u = m.add_unit("a");
+  const auto w = m.add_param(u, "w", {9});
+  m.finalize();
+  m.set_param(w, std::vector<float>(9, 1.0f));
+  std::optional<ShardedOptimizer<sgd, data_parallel_t<config<optim_grads_params, fsdp>>>> first;
+  first.emplace(m, sgd{.lr = 0.5});
+  {
+    auto s = m.gather(u);
+    for (auto& g : s.grad(w)) g = 1.0f;
+    s.reduce_grads();
+  }
+  (void)first->step();
+  ShardedOptimizer second(std::move(*first));
+  first.reset();
+  for (float x : m.get_param(w)) BOOST_TEST(x == 0.5f);
+  BOOST_TEST(second.steps() == 1);
 }

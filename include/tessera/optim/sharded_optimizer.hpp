@@ -206,6 +206,8 @@ public:
 
   ShardedOptimizer(const ShardedOptimizer&) = delete;
   ShardedOptimizer& operator=(const ShardedOptimizer&) = delete;
+  ShardedOptimizer(ShardedOptimizer&&) noexcept = default;  // deferred updates point into the state, not at *this
+  ShardedOptimizer& operator=(ShardedOptimizer&&) = delete;  // would drop this one's state under its deferred updates
   //! Waits (on the current stream) for updates still deferred: they write this optimizer's state.
   ~ShardedOptimizer() {
     try {
