@@ -3,7 +3,8 @@
 //   tessera-plan memory --layers L --d D --ctx K --tokens T --gpus N
 //                       [--shard-group S --outer no_shard|optim] [--wrapper W] [--strategy S]
 //                       [--precision fp32|bf16] [--accum A] [--gather-buffers G]
-//                       [--recompute-gelu] [--backend cuda|host] [--gpu-memory GiB] [--json]
+//                       [--recompute-gelu] [--lend-grad-shards] [--backend cuda|host]
+//                       [--gpu-memory GiB] [--json]
 //
 // The reference model (tessera-mlp-lm's, registered by the same
 // register_model) on N ranks: the busiest rank's bytes, each part as the
@@ -32,7 +33,7 @@ struct options {
   long tokens = 1024;
   std::string wrapper = "fsdp", strategy = "optim_grads_params", precision = "bf16", outer = "no_shard",
               backend = "cuda";
-  bool recompute_gelu = false, json = false;
+  bool recompute_gelu = false, lend_grad_shards = false, json = false;
   double gpu_memory_gib = 0;
 };
 
@@ -47,7 +48,10 @@ int plan_memory(const options& o) {
   plan::model_recorder rec;
   (void)mlp_lm::register_model(rec, s);
   const int S = o.shard_group > 0 ? o.shard_group : o.gpus, R = o.gpus / S;
-  const wrapper_options wo{.gather_buffers = o.gather_buffers};
+  const wrapper_options wo{.gather_buffers = o.gather_buffers, .lend_grad_shards = o.lend_grad_shards};
+  if (o.lend_grad_shards && o.accum > 1 && Cfg::strategy::shards_grads)
+    throw tessera::error("--lend-grad-shards holds one micro-batch's reduction under optim_grads and "
+                         "optim_grads_params; use --accum 1");
   const plan::rank_memory m = plan::memory<Cfg, adamw>(rec.units(), S, wo, R);
   // The trainer splits each micro-batch of tokens / accum over all N ranks,
   // rank r taking [per r / N, per (r + 1) / N): the busiest holds the most.
@@ -60,7 +64,24 @@ int plan_memory(const options& o) {
       cuda ? mlp_lm::workspace::cuda_bytes<typename Cfg::compute_type>(s, n, o.recompute_gelu)
            : mlp_lm::host_mlp<data_parallel_t<Cfg>>::workspace_bytes(s, n, {.recompute_gelu = o.recompute_gelu});
   const std::size_t blas = cuda ? cublaslt_workspace : 0;
-  const std::size_t total = m.total() + act + blas;
+  // Lent gradient shards (the CUDA trainer's cuda_mlp::lend_grad_shards): each
+  // unit's shard lives in its own activations (a block's arena region, the
+  // head's logits, the embedding's output); a unit whose region is smaller
+  // than its shard gets a buffer of its own, which the trainer counts here.
+  std::size_t own = 0;
+  if (o.lend_grad_shards) {
+    using C = typename Cfg::compute_type;
+    using G = typename Cfg::grad_type;
+    const auto ls = plan::layouts<Cfg>(rec.units(), S, wo, R);
+    const auto floats = [](std::size_t elems) { return elems * sizeof(C) / sizeof(G); };
+    for (std::size_t u = 0; u < ls.size(); ++u) {
+      const std::size_t cap = u == 0               ? floats(n * std::size_t(s.d))          // embed: X(0)
+                              : u + 1 == ls.size() ? floats(n * std::size_t(mlp_lm::vocab))  // head: logits
+                                                   : floats(mlp_lm::workspace::block_stride(s, n));
+      if (ls[u].shard_numel() > cap) own += ls[u].shard_numel() * sizeof(G);
+    }
+  }
+  const std::size_t total = m.total() + own + act + blas;
   const double limit = o.gpu_memory_gib * double(1ull << 30);
   const bool fits = limit <= 0 || double(total) <= limit;
   const auto mib = [](std::size_t b) { return double(b) / double(1 << 20); };
@@ -80,7 +101,8 @@ int plan_memory(const options& o) {
                      {"grads_bytes", m.model.grads},
                      {"gathered_buffers_bytes", m.model.gathered_buffers},
                      {"reduction_buffers_bytes", m.model.reduction_buffers},
-                     {"model_state_bytes", m.model.total()},
+                     {"model_state_bytes", m.model.total() + own},
+                     {"own_lent_shard_bytes", own},
                      {"optimizer_state_bytes", m.optimizer},
                      {"activations_bytes", act},
                      {"blas_workspace_bytes", blas},
@@ -94,10 +116,12 @@ int plan_memory(const options& o) {
                 s.params(), o.wrapper.c_str(), o.strategy.c_str(), o.precision.c_str(), o.gpus, o.gpus == 1 ? "" : "s",
                 R, S, o.outer.c_str(), n, o.backend.c_str());
     std::printf("  compute weights   %12.2f MiB\n  main weights      %12.2f MiB\n  gradients         %12.2f MiB\n"
-                "  gathered units    %12.2f MiB\n  reduction buffers %12.2f MiB\n  optimizer state   %12.2f MiB\n"
+                "  gathered units    %12.2f MiB\n  reduction buffers %12.2f MiB\n  shards not lent   %12.2f MiB\n"
+                "  optimizer state   %12.2f MiB\n"
                 "  activations       %12.2f MiB\n  BLAS workspace    %12.2f MiB\n  total per rank    %12.2f MiB%s\n",
                 mib(m.model.compute_weights), mib(m.model.main_weights), mib(m.model.grads),
-                mib(m.model.gathered_buffers), mib(m.model.reduction_buffers), mib(m.optimizer), mib(act), mib(blas),
+                mib(m.model.gathered_buffers), mib(m.model.reduction_buffers), mib(own), mib(m.optimizer), mib(act),
+                mib(blas),
                 mib(total),
                 limit > 0 ? (fits ? "  (fits)" : "  (does NOT fit)") : "");
   }
@@ -154,6 +178,8 @@ int main(int argc, char** argv) {
   mem->add_option("--precision", o.precision)->check(CLI::IsMember({"fp32", "bf16"}));
   mem->add_option("--gather-buffers", o.gather_buffers)->check(CLI::Range(1, 1 << 16));
   mem->add_flag("--recompute-gelu", o.recompute_gelu);
+  mem->add_flag("--lend-grad-shards", o.lend_grad_shards,
+                "gradient shards in the CUDA trainer's activations (wrapper_options::lend_grad_shards)");
   mem->add_option("--backend", o.backend, "whose activations: cuda (the GPU trainer) or host")
       ->check(CLI::IsMember({"cuda", "host"}));
   mem->add_option("--gpu-memory", o.gpu_memory_gib, "GiB per GPU to fit in (exit 3 when it does not)")
@@ -166,6 +192,7 @@ int main(int argc, char** argv) {
     if (o.gpus % S != 0)
       throw tessera::error("--shard-group " + std::to_string(S) + " does not divide --gpus " + std::to_string(o.gpus));
     if (o.outer == "optim" && o.shard_group == 0) throw tessera::error("--outer optim needs --shard-group");
+    if (o.lend_grad_shards && o.backend != "cuda") throw tessera::error("--lend-grad-shards is the cuda trainer's");
     if (o.tokens / o.accum < o.gpus)
       throw tessera::error("--tokens / --accum gives fewer tokens than ranks (" + std::to_string(o.tokens / o.accum) +
                            " for " + std::to_string(o.gpus) + ")");

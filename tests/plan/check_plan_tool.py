@@ -61,5 +61,7 @@ expect(['memory', '--outer', 'optim', '--gpus', '2'], 2, '--outer optim needs --
 expect(['memory', '--wrapper', 'ddp', '--strategy', 'optim_grads_params'], 2, 'not a valid combination')
 expect(['memory', '--d', '30', '--ctx', '8'], 2, 'multiple of --ctx')
 expect(['memory', '--layers', '8', '--d', '4096', '--tokens', '8192', '--gpu-memory', '16'], 3, '')
+expect(['memory', '--lend-grad-shards', '--backend', 'host'], 2, "cuda trainer's")
+expect(['memory', '--lend-grad-shards', '--accum', '2'], 2, 'use --accum 1')
 print('tessera-plan memory check:', 'FAIL' if fail else 'all passed')
 sys.exit(fail)

@@ -69,6 +69,22 @@ using host_twin = config<typename Cfg::strategy, typename Cfg::wrapper, typename
                          backend::host, typename Cfg::outer_type>;
 }  // namespace detail
 
+//! The layouts the wrapper's registry would build for these units over a
+//! shard group of `group` ranks (shards split into `replicas` parts under
+//! outer<optim>): each unit's padding, shards and tensor offsets.
+template <config_type Cfg>
+[[nodiscard]] std::vector<unit_layout> layouts(const std::vector<unit_spec>& units, int group,
+                                               const wrapper_options& o = {}, int replicas = 1) {
+  TESSERA_CHECK(group >= 1 && replicas >= 1, "plan::memory: ", group, " ranks per group, ", replicas, " groups");
+  TESSERA_CHECK(!units.empty(), "plan::memory: no unit");
+  const std::size_t splits = Cfg::outer_type::splits_optimizer && replicas > 1 ? std::size_t(replicas) : 1;
+  std::vector<unit_layout> out;
+  for (const auto& u : units)
+    out.emplace_back(u.name, u.tensors, group, o.alignment,
+                     Cfg::wrapper::row_shards ? layout_kind::rows : layout_kind::flat, splits);
+  return out;
+}
+
 //! The busiest rank's bytes for config Cfg (wrapper and strategy inside it)
 //! and algorithm A over a shard group of `group` ranks, on a mesh of
 //! `replicas` groups (1: a flat world; under outer<optim> each shard splits
@@ -76,20 +92,15 @@ using host_twin = config<typename Cfg::strategy, typename Cfg::wrapper, typename
 template <config_type Cfg, optimizer_algorithm A = adamw>
 [[nodiscard]] rank_memory memory(const std::vector<unit_spec>& units, int group, const wrapper_options& o = {},
                                  int replicas = 1) {
-  TESSERA_CHECK(group >= 1 && replicas >= 1, "plan::memory: ", group, " ranks per group, ", replicas, " groups");
-  TESSERA_CHECK(!units.empty(), "plan::memory: no unit");
-  const std::size_t splits = Cfg::outer_type::splits_optimizer && replicas > 1 ? std::size_t(replicas) : 1;
-  std::vector<unit_layout> layouts;
-  for (const auto& u : units)
-    layouts.emplace_back(u.name, u.tensors, group, o.alignment,
-                         Cfg::wrapper::row_shards ? layout_kind::rows : layout_kind::flat, splits);
+  const std::vector<unit_layout> ls = plan::layouts<Cfg>(units, group, o, replicas);
+  const std::size_t splits = ls.front().splits();
   rank_memory m;
   using H = detail::host_twin<Cfg>;
-  m.model = tessera::detail::storage<H>::plan(layouts, group, o);
+  m.model = tessera::detail::storage<H>::plan(ls, group, o);
   using opt_type = ShardedOptimizer<A, data_parallel_t<H>>;
   for (int r = 0; r < group; ++r)  // ranges are equal; the decay masks may differ by a word
     for (std::size_t part = 0; part < splits; ++part)
-      m.optimizer = std::max(m.optimizer, opt_type::planned_state_bytes(layouts, r, int(part)));
+      m.optimizer = std::max(m.optimizer, opt_type::planned_state_bytes(ls, r, int(part)));
   return m;
 }
 
