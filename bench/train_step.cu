@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "mlp_lm/configs.hpp"
 #include "mlp_lm/cuda_compute.cuh"
 #include "mlp_lm/data.hpp"
 #include "mlp_lm/gpu_placement.hpp"
@@ -309,22 +310,8 @@ strategy_result dispatch(const bench_options& o, const std::string& name, const 
 template <class P, class Comm>
 strategy_result dispatch_precision(const bench_options& o, const std::string& name, const model_shape& s, Comm& comm,
                                    MPI_Comm world, comm::mesh<Comm>* m) {
-  using B = backend::cuda;
-  if (o.outer == "optim") {  // HFSDP: compiled for fsdp / optim_grads_params
-    if (o.wrapper == "fsdp" && name == "optim_grads_params")
-      return run_strategy<config<optim_grads_params, fsdp, P, sum, B, outer<optim>>>(o, s, comm, world, m);
-  } else if (o.wrapper == "ddp") {
-    if (name == "no_shard") return run_strategy<config<no_shard, ddp, P, sum, B>>(o, s, comm, world, m);
-    if (name == "optim") return run_strategy<config<optim, ddp, P, sum, B>>(o, s, comm, world, m);
-    if (name == "optim_grads") return run_strategy<config<optim_grads, ddp, P, sum, B>>(o, s, comm, world, m);
-  } else if (o.wrapper == "fsdp2") {
-    if (name == "optim_grads_params") return run_strategy<config<optim_grads_params, fsdp2, P, sum, B>>(o, s, comm, world, m);
-  } else {
-    if (name == "no_shard") return run_strategy<config<no_shard, fsdp, P, sum, B>>(o, s, comm, world, m);
-    if (name == "optim") return run_strategy<config<optim, fsdp, P, sum, B>>(o, s, comm, world, m);
-    if (name == "optim_grads") return run_strategy<config<optim_grads, fsdp, P, sum, B>>(o, s, comm, world, m);
-    if (name == "optim_grads_params") return run_strategy<config<optim_grads_params, fsdp, P, sum, B>>(o, s, comm, world, m);
-  }
+  const auto run = [&]<class Cfg>() { return run_strategy<Cfg>(o, s, comm, world, m); };
+  if (auto r = mlp_lm::with_config<P, backend::cuda>(o.wrapper, name, o.outer, run)) return *r;  // HFSDP: fsdp / ogp
   throw tessera::error("no instantiation for --wrapper " + o.wrapper + " --strategies " + name);
 }
 

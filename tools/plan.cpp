@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <string>
 
+#include "mlp_lm/configs.hpp"
 #include "mlp_lm/host_compute.hpp"
 #include "mlp_lm/model.hpp"
 #include "mlp_lm/workspace.hpp"
@@ -36,10 +37,6 @@ struct options {
   bool recompute_gelu = false, lend_grad_shards = false, json = false;
   double gpu_memory_gib = 0;
 };
-
-// cuBLASLt's workspace in the CUDA trainer (tessera/backend/cuda/blaslt.hpp:
-// lt_workspace_bytes, which a host-only build cannot include).
-constexpr std::size_t cublaslt_workspace = std::size_t(32) << 20;
 
 template <class Cfg>
 int plan_memory(const options& o) {
@@ -63,7 +60,7 @@ int plan_memory(const options& o) {
   const std::size_t act =
       cuda ? mlp_lm::workspace::cuda_bytes<typename Cfg::compute_type>(s, n, o.recompute_gelu)
            : mlp_lm::host_mlp<data_parallel_t<Cfg>>::workspace_bytes(s, n, {.recompute_gelu = o.recompute_gelu});
-  const std::size_t blas = cuda ? cublaslt_workspace : 0;
+  const std::size_t blas = cuda ? mlp_lm::workspace::cublaslt_bytes : 0;
   // Lent gradient shards (the CUDA trainer's cuda_mlp::lend_grad_shards): each
   // unit's shard lives in its own activations (a block's arena region, the
   // head's logits, the embedding's output); a unit whose region is smaller
@@ -73,12 +70,10 @@ int plan_memory(const options& o) {
     using C = typename Cfg::compute_type;
     using G = typename Cfg::grad_type;
     const auto ls = plan::layouts<Cfg>(rec.units(), S, wo, R);
-    const auto floats = [](std::size_t elems) { return elems * sizeof(C) / sizeof(G); };
-    for (std::size_t u = 0; u < ls.size(); ++u) {
-      const std::size_t cap = u == 0               ? floats(n * std::size_t(s.d))          // embed: X(0)
-                              : u + 1 == ls.size() ? floats(n * std::size_t(mlp_lm::vocab))  // head: logits
-                                                   : floats(mlp_lm::workspace::block_stride(s, n));
-      if (ls[u].shard_numel() > cap) own += ls[u].shard_numel() * sizeof(G);
+    const mlp_lm::workspace::lend_regions cap = mlp_lm::workspace::lend_capacity(s, n);
+    for (std::size_t u = 0; u < ls.size(); ++u) {  // register_model's order: embed, blocks, head
+      const std::size_t elems = u == 0 ? cap.embed : u + 1 == ls.size() ? cap.head : cap.block;
+      if (ls[u].shard_numel() > elems * sizeof(C) / sizeof(G)) own += ls[u].shard_numel() * sizeof(G);
     }
   }
   const std::size_t total = m.total() + own + act + blas;
@@ -128,29 +123,14 @@ int plan_memory(const options& o) {
   return fits ? 0 : 3;
 }
 
+// The configurations the reference trainer compiles (mlp_lm/configs.hpp).
 template <class P>
 int dispatch(const options& o) {
-  using namespace tessera;
-  if (o.outer == "optim") {
-    if (o.wrapper == "fsdp" && o.strategy == "optim_grads_params")
-      return plan_memory<config<optim_grads_params, fsdp, P, outer<optim>>>(o);
-    if (o.wrapper == "fsdp" && o.strategy == "optim_grads") return plan_memory<config<optim_grads, fsdp, P, outer<optim>>>(o);
-    if (o.wrapper == "ddp" && o.strategy == "optim_grads") return plan_memory<config<optim_grads, ddp, P, outer<optim>>>(o);
-  } else if (o.wrapper == "ddp") {
-    if (o.strategy == "no_shard") return plan_memory<config<no_shard, ddp, P>>(o);
-    if (o.strategy == "optim") return plan_memory<config<optim, ddp, P>>(o);
-    if (o.strategy == "optim_grads") return plan_memory<config<optim_grads, ddp, P>>(o);
-  } else if (o.wrapper == "fsdp2") {
-    if (o.strategy == "optim_grads_params") return plan_memory<config<optim_grads_params, fsdp2, P>>(o);
-  } else {
-    if (o.strategy == "no_shard") return plan_memory<config<no_shard, fsdp, P>>(o);
-    if (o.strategy == "optim") return plan_memory<config<optim, fsdp, P>>(o);
-    if (o.strategy == "optim_grads") return plan_memory<config<optim_grads, fsdp, P>>(o);
-    if (o.strategy == "optim_grads_params") return plan_memory<config<optim_grads_params, fsdp, P>>(o);
-  }
+  const auto plan = [&]<class Cfg>() { return plan_memory<Cfg>(o); };
+  if (const auto rc = mlp_lm::with_config<P, tessera::backend::host>(o.wrapper, o.strategy, o.outer, plan)) return *rc;
   std::fprintf(stderr, "tessera: --wrapper %s --strategy %s --outer %s is not a valid combination (ddp runs no_shard, "
-                       "optim, optim_grads; fsdp2 optim_grads_params; --outer optim needs optim_grads or "
-                       "optim_grads_params, not fsdp2)\n",
+                       "optim, optim_grads; fsdp2 optim_grads_params; --outer optim is compiled for --wrapper fsdp "
+                       "--strategy optim_grads_params, as in tessera-mlp-lm)\n",
                o.wrapper.c_str(), o.strategy.c_str(), o.outer.c_str());
   return 2;
 }

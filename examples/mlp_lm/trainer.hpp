@@ -20,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "mlp_lm/configs.hpp"
 #include "mlp_lm/data.hpp"
 #include "mlp_lm/model.hpp"
 #include "options.hpp"
@@ -353,29 +354,14 @@ template <class P, class B, template <class> class Net, class Comm>
 int dispatch_strategy(const options& o, tessera::comm::mpi& world, Comm& comm, const device_usage& usage,
                       std::size_t blas_workspace = 0) {
   using namespace tessera;
-  auto run = [&]<class S, class W, class O = outer<no_shard>>() {
-    using Cfg = config<S, W, P, sum, B, O>;
+  auto run = [&]<class Cfg>() {
     if (o.shard_group.empty()) return train<Cfg, Net<data_parallel_t<Cfg>>>(o, world, comm, static_cast<comm::mesh<Comm>*>(nullptr), usage,
                                                                            blas_workspace);
     auto m = comm::make_mesh(comm, o.shard_group == "node" ? comm::node_size(world) : std::stoi(o.shard_group));
     return train<Cfg, Net<data_parallel_t<Cfg>>>(o, world, m.shard, &m, usage, blas_workspace);
   };
-  if (o.outer == "optim") {  // HFSDP: compiled for fsdp / optim_grads_params (options.hpp checks)
-    if (o.wrapper == "fsdp" && o.strategy == "optim_grads_params")
-      return run.template operator()<optim_grads_params, fsdp, outer<optim>>();
-  } else
-  if (o.wrapper == "ddp") {
-    if (o.strategy == "no_shard") return run.template operator()<no_shard, ddp>();
-    if (o.strategy == "optim") return run.template operator()<optim, ddp>();
-    if (o.strategy == "optim_grads") return run.template operator()<optim_grads, ddp>();
-  } else if (o.wrapper == "fsdp2") {
-    if (o.strategy == "optim_grads_params") return run.template operator()<optim_grads_params, fsdp2>();
-  } else {
-    if (o.strategy == "no_shard") return run.template operator()<no_shard, fsdp>();
-    if (o.strategy == "optim") return run.template operator()<optim, fsdp>();
-    if (o.strategy == "optim_grads") return run.template operator()<optim_grads, fsdp>();
-    if (o.strategy == "optim_grads_params") return run.template operator()<optim_grads_params, fsdp>();
-  }
+  // HFSDP is compiled for fsdp / optim_grads_params only (options.hpp checks).
+  if (const auto rc = with_config<P, B>(o.wrapper, o.strategy, o.outer, run)) return *rc;
   std::fprintf(stderr, "tessera: no compiled instantiation for --wrapper %s --strategy %s\n", o.wrapper.c_str(),
                o.strategy.c_str());
   return 2;

@@ -232,7 +232,7 @@ public:
   //! the same ranges and masks the constructor allocates (tessera/plan/memory.hpp).
   [[nodiscard]] static std::size_t planned_state_bytes(const std::vector<unit_layout>& layouts, int rank, int part = 0) {
     using rules = detail::storage<typename Wrapper::config>;
-    std::size_t b = 2 * sizeof(double) + sizeof(step_control);
+    std::size_t b = norm_scalars * sizeof(double) + sizeof(step_control);
     for (const auto& L : layouts) {
       const std::size_t n = rules::opt_range(L, rank, part).second;
       unsigned shift = 0;
@@ -286,7 +286,7 @@ public:
     for (std::size_t u = 0; u < units_.size(); ++u) ops::sum_squares_into(std::span<const G>(e_.norm_grads(u)), acc_.data());
     {
       comm::label lbl("grad_norm");
-      e_.sum_partials(acc_.data(), 2);  // each element counted once on any mesh
+      e_.sum_partials(acc_.data(), norm_scalars);  // each element counted once on any mesh
     }
     ops::for_each(1, detail::decide_step{acc_.data(), ctl_.data(), opt_.clip_norm});
     auto rec = next_record();
@@ -358,7 +358,8 @@ private:
   optimizer_options opt_;
   std::function<double(long, double)> schedule_;
   std::vector<unit_state> units_;
-  buffer<double> acc_{2};  // sum of squares, non-finite count
+  static constexpr std::size_t norm_scalars = 2;  // sum of squares, non-finite count
+  buffer<double> acc_{norm_scalars};
   buffer<step_control> ctl_{1};  // the device's decision (detail::decide_step)
   std::shared_ptr<detail::step_record<B>> pending_;  // the last step, until the host counted it
   std::vector<std::shared_ptr<detail::step_record<B>>> records_;

@@ -156,7 +156,7 @@ public:
   //! checkpoint, every accessor of this view. Settling a unit twice is free.
   void defer(std::size_t u, std::function<void()> wait) const { e_->defer(checked(u), std::move(wait)); }
   //! Settles unit u's deferred work (the current stream waits; no host wait on CUDA).
-  void flush(std::size_t u) const { e_->settle(u); }
+  void flush(std::size_t u) const { e_->settle(checked(u)); }
   //! Settles every unit's deferred work.
   void flush() const { e_->settle_all(); }
   //! Whether the wrapper's weight publication after a step is local (no

@@ -32,6 +32,9 @@
 
 namespace mlp_lm {
 
+static_assert(workspace::cublaslt_bytes == tessera::cuda::matmul_workspace_bytes(),
+              "mlp_lm/workspace.hpp's cuBLASLt workspace (what tessera-plan counts) differs from the library's");
+
 template <class Wrapper>
 class cuda_mlp {
   using C = typename Wrapper::compute_type;
@@ -216,7 +219,7 @@ public:
   //! activations are smaller than its shard gets a buffer of its own; returns
   //! the bytes of those, for the memory estimate.
   std::size_t lend_grad_shards() {
-    const std::size_t D = std::size_t(s_.d);
+    const workspace::lend_regions cap = workspace::lend_capacity(s_, n_max_);  // tessera-plan counts the same
     std::size_t own = 0;
     auto lend = [&](tessera::unit_id u, C* region, std::size_t elems) {
       const std::size_t need = m_.layout(u).shard_numel();
@@ -228,9 +231,9 @@ public:
       }
       m_.lend_grad_shard(u, mem);
     };
-    for (int l = 0; l < s_.layers; ++l) lend(ids_.blocks[std::size_t(l)].unit, Pre(l), block_stride(s_, n_max_));
-    lend(ids_.head, z_.data(), n_max_ * vocab);
-    lend(ids_.embed, X(0), n_max_ * D);
+    for (int l = 0; l < s_.layers; ++l) lend(ids_.blocks[std::size_t(l)].unit, Pre(l), cap.block);
+    lend(ids_.head, z_.data(), cap.head);
+    lend(ids_.embed, X(0), cap.embed);
     return own;
   }
 

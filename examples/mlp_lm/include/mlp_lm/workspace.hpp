@@ -48,4 +48,21 @@ std::size_t cuda_bytes(const model_shape& s, std::size_t n, bool recompute_gelu)
          sizeof(float) * scratch_floats(s) + sizeof(double) + input_bytes(s, n);
 }
 
+//! Where cuda_mlp::lend_grad_shards lends each unit's gradient shard, in
+//! compute-dtype elements of micro-batches of up to n tokens: the
+//! embedding's output X(0), a block's arena region (GELU input and output
+//! stream), the head's logits. A unit whose shard needs more gets a buffer of
+//! its own.
+struct lend_regions {
+  std::size_t embed, block, head;
+};
+inline lend_regions lend_capacity(const model_shape& s, std::size_t n) {
+  return {n * std::size_t(s.d), block_stride(s, n), n * std::size_t(vocab)};
+}
+
+//! cuBLASLt's workspace in the CUDA trainer (tessera::cuda::matmul_workspace_bytes(),
+//! which cuda_compute.cuh checks against this at compile time; host code cannot
+//! include blaslt.hpp).
+constexpr std::size_t cublaslt_bytes = std::size_t(32) << 20;
+
 }  // namespace mlp_lm::workspace

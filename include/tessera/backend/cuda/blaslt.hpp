@@ -267,6 +267,6 @@ void matmul(const matmul_problem<TA, TD>& p) {
 }
 
 //! Bytes of cuBLASLt workspace this thread holds on the device (counted in memory_of<backend::cuda>()).
-[[nodiscard]] inline std::size_t matmul_workspace_bytes() { return detail::lt_workspace_bytes; }
+[[nodiscard]] constexpr std::size_t matmul_workspace_bytes() noexcept { return detail::lt_workspace_bytes; }
 
 }  // namespace tessera::cuda

@@ -163,13 +163,8 @@ public:
   void settle_all() {
     for (std::size_t u = 0; u < deferred_.size(); ++u) settle(u);
   }
-  //! Whether publish_weights communicates nothing (the optimizer writes the
-  //! compute weights where the next gather or forward reads them).
-  [[nodiscard]] bool local_publication() const noexcept {
-    return (!(strategy::shards_optimizer && !strategy::shards_params) || solo_) && !store_.splits_any();
-  }
-  //! Whether unit u has deferred work not yet settled.
-  [[nodiscard]] bool deferred(std::size_t u) const { return bool(deferred_.at(u)); }
+  //! Whether publish_weights communicates nothing (unit_store::publish).
+  [[nodiscard]] bool local_publication() const noexcept { return store_.publication_is_local(); }
 
   // ---- the step: gather, gradients, reduction ------------------------------------
   //! Starts micro-batch `index` of `count`. no_shard and optim communicate only

@@ -93,11 +93,6 @@ public:
   [[nodiscard]] std::pair<std::size_t, std::size_t> opt_range(std::size_t u) const {
     return rules::opt_range(reg_->layout(u), comm_.rank(), part_);
   }
-  //! Whether some unit's shard is split across replicas (outer<optim>: the
-  //! publication all-gathers the parts).
-  [[nodiscard]] bool splits_any() const noexcept {
-    return std::any_of(reg_->layouts().begin(), reg_->layouts().end(), [](const auto& L) { return L.splits() > 1; });
-  }
   //! This rank's part of a split shard: its replica rank under outer<optim>, else 0.
   [[nodiscard]] int part() const noexcept { return part_; }
   [[nodiscard]] std::span<M> main_weights(std::size_t u) {
@@ -196,22 +191,34 @@ public:
       C* dst = st.weights.data() + in_weights(u);
       if constexpr (!rules::main_aliases_compute)
         if (!converted) ops::for_each(n, scale_convert<C, M>{st.main.data(), dst, 1.0});
-      comm::label lbl("publish", L.name().c_str());
       C* shard = st.weights.data() + (strategy::shards_params ? 0 : L.shard_begin(comm_.rank()));
-      if (L.splits() > 1) {  // outer<optim>: the replicas' parts into the whole shard
+      if (splits(L)) {  // outer<optim>: the replicas' parts into the whole shard
+        comm::label lbl("publish", L.name().c_str());
         st.weights_ready = outer_.iall_gather(dst, shard, n, dtype_of_v<C>);
         if constexpr (strategy::shards_params) continue;
         st.weights_ready.wait();  // the shard is complete before the group gathers it
       }
-      if constexpr (strategy::shards_optimizer && !strategy::shards_params)
-        if (!solo_) st.weights_ready = comm_.iall_gather(shard, st.weights.data(), L.shard_numel(), dtype_of_v<C>);
+      if (gathers_replicas()) {
+        comm::label lbl("publish", L.name().c_str());
+        st.weights_ready = comm_.iall_gather(shard, st.weights.data(), L.shard_numel(), dtype_of_v<C>);
+      }
     }
+  }
+  //! Whether publish communicates nothing (so the optimizer writes the
+  //! compute weights where the next gather or forward reads them, and its
+  //! updates may wait for that use): the two collectives above never run.
+  [[nodiscard]] bool publication_is_local() const noexcept {
+    return !gathers_replicas() && std::none_of(reg_->layouts().begin(), reg_->layouts().end(), splits);
   }
   void wait_weights() {
     for (auto& st : units_) st.weights_ready.wait();
   }
 
 private:
+  // publish's collectives: the parts of a split shard across the replicas
+  // (outer<optim>), and replicated weights from a sharded optimizer.
+  static bool splits(const unit_layout& L) noexcept { return L.splits() > 1; }
+  bool gathers_replicas() const noexcept { return strategy::shards_optimizer && !strategy::shards_params && !solo_; }
   std::size_t in_weights(std::size_t u) const { return rules::range_in_weights(reg_->layout(u), comm_.rank(), part_); }
 
   const unit_registry* reg_ = nullptr;

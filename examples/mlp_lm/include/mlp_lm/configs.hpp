@@ -1,0 +1,39 @@
+#pragma once
+// The configurations the reference programs compile (tessera-mlp-lm,
+// tessera-bench-train, tessera-plan), chosen by name: every valid strategy x
+// wrapper over a flat world or an HSDP mesh (outer<no_shard>), and HFSDP
+// (outer<optim>) for fsdp / optim_grads_params only (each instantiation of
+// the trainer costs compile time). One table, so the three agree.
+#include <optional>
+#include <string_view>
+
+#include "tessera/policy/config.hpp"
+
+namespace mlp_lm {
+
+//! f.template operator()<config<S, W, P, sum, B, O>>() for the wrapper,
+//! strategy and outer policy named; nothing where the names are not among
+//! the compiled ones (the caller says why).
+template <class P, class B, class F>
+auto with_config(std::string_view wrapper, std::string_view strategy, std::string_view outer_name, F&& f)
+    -> std::optional<decltype(f.template operator()<tessera::config<tessera::no_shard, tessera::ddp, P, tessera::sum, B>>())> {
+  using namespace tessera;
+  if (outer_name == "optim") {
+    if (wrapper == "fsdp" && strategy == "optim_grads_params")
+      return f.template operator()<config<optim_grads_params, fsdp, P, sum, B, outer<optim>>>();
+  } else if (wrapper == "ddp") {
+    if (strategy == "no_shard") return f.template operator()<config<no_shard, ddp, P, sum, B>>();
+    if (strategy == "optim") return f.template operator()<config<optim, ddp, P, sum, B>>();
+    if (strategy == "optim_grads") return f.template operator()<config<optim_grads, ddp, P, sum, B>>();
+  } else if (wrapper == "fsdp2") {
+    if (strategy == "optim_grads_params") return f.template operator()<config<optim_grads_params, fsdp2, P, sum, B>>();
+  } else if (wrapper == "fsdp") {
+    if (strategy == "no_shard") return f.template operator()<config<no_shard, fsdp, P, sum, B>>();
+    if (strategy == "optim") return f.template operator()<config<optim, fsdp, P, sum, B>>();
+    if (strategy == "optim_grads") return f.template operator()<config<optim_grads, fsdp, P, sum, B>>();
+    if (strategy == "optim_grads_params") return f.template operator()<config<optim_grads_params, fsdp, P, sum, B>>();
+  }
+  return std::nullopt;
+}
+
+}  // namespace mlp_lm
