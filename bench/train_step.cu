@@ -21,7 +21,9 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <optional>
 #include <string>
@@ -53,6 +55,8 @@ struct bench_options {
   int shard_group = 0;          // > 0: a mesh of world / S replica groups x S ranks
   std::string outer = "no_shard";  // across its replica groups: no_shard (HSDP) or optim (HFSDP)
   std::string overlap_updates = "on";  // optimizer_options::overlap_updates
+  double offload = 0;                  // wrapper_options::offload_optimizer
+  std::string offload_update = "host";  // optimizer_options::offload_update
 };
 
 std::size_t device_in_use() {
@@ -139,9 +143,57 @@ struct strategy_result {
   double comm_only_ms = 0;  // the step's collectives alone, no compute (0 at one rank)
   std::size_t peak = 0, device_used = 0, estimate = 0;
   std::size_t model_state = 0, formula = 0;  // the wrapper's model-state bytes; DESIGN.md's formula
+  std::size_t offloaded = 0;                 // host bytes of offloaded optimizer state and staging
   bool fused = false;
   std::string choices;
 };
+
+//! The offload's ceilings on this machine, measured in the same run: the
+//! host's memory bandwidth (read + write, every core, host::pool) and the
+//! PCIe bandwidth each way between pinned memory and the device.
+struct offload_ceilings {
+  double host_gbs = 0, h2d_gbs = 0, d2h_gbs = 0;
+};
+offload_ceilings measure_offload_ceilings() {
+  offload_ceilings c;
+  const std::size_t n = std::size_t(1) << 28;  // 1 GiB of float
+  tessera::cuda::buffer<float> h1(n, tessera::placement::host), h2(n, tessera::placement::host), d(n);
+  auto& pool = tessera::host::pool::shared();
+  auto host_copy = [&] {
+    pool.parallel_for(n, 4096, [&](std::size_t b, std::size_t e) {
+      std::memcpy(h2.data() + b, h1.data() + b, (e - b) * sizeof(float));
+    });
+  };
+  pool.parallel_for(n, 4096, [&](std::size_t b, std::size_t e) {
+    for (std::size_t i = b; i < e; ++i) h1.data()[i] = float(i & 1023), h2.data()[i] = 0.f;
+  });
+  host_copy();
+  double best = 1e30;
+  for (int k = 0; k < 5; ++k) {
+    const auto t0 = std::chrono::steady_clock::now();
+    host_copy();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  c.host_gbs = 2.0 * double(n * sizeof(float)) / best / 1e9;
+  const cudaStream_t st = tessera::cuda::current_stream();
+  tessera::cuda::event a(true), b(true);
+  auto time_copy = [&](void* dst, const void* src) {
+    double ms = 1e30;
+    for (int k = 0; k < 4; ++k) {
+      a.record(st);
+      TESSERA_CUDA(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDefault, st));
+      b.record(st);
+      b.synchronize();
+      float t = 0;
+      TESSERA_CUDA(cudaEventElapsedTime(&t, a.get(), b.get()));
+      ms = std::min<double>(ms, t);
+    }
+    return double(n * sizeof(float)) / (ms * 1e-3) / 1e9;
+  };
+  c.h2d_gbs = time_copy(d.data(), h1.data());
+  c.d2h_gbs = time_copy(h2.data(), d.data());
+  return c;
+}
 
 template <class Cfg, class Comm>
 strategy_result run_strategy(const bench_options& o, const model_shape& s, Comm& comm, MPI_Comm world,
@@ -157,7 +209,8 @@ strategy_result run_strategy(const bench_options& o, const model_shape& s, Comm&
   strategy_result res;
   res.name = std::string(Cfg::strategy::name);
   {
-    const wrapper_options wo{.gather_buffers = o.gather_buffers, .lend_grad_shards = o.lend_grad_shards};
+    const wrapper_options wo{.gather_buffers = o.gather_buffers, .lend_grad_shards = o.lend_grad_shards,
+                             .offload_optimizer = o.offload};
     std::optional<Wrapper> holder;  // over the world's communicator, or a mesh of it
     if (m) holder.emplace(*m, wo);
     else holder.emplace(comm, wo);
@@ -166,7 +219,10 @@ strategy_result run_strategy(const bench_options& o, const model_shape& s, Comm&
     model.finalize();
     mlp_lm::init_model(model, ids, s, 1);
     ShardedOptimizer opt(model, adamw{.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1},
-                         optimizer_options{.clip_norm = o.clip, .overlap_updates = o.overlap_updates == "on"});
+                         optimizer_options{.clip_norm = o.clip, .overlap_updates = o.overlap_updates == "on",
+                                           .offload_update = o.offload_update == "device" ? update_site::device
+                                                                                          : update_site::host});
+    res.offloaded = model.planned().host_main_weights + opt.offloaded_bytes();
     const long per_mb = o.tokens / o.accum;
     const long lo = per_mb * r / N, hi = per_mb * (r + 1) / N;
     const std::size_t n = std::size_t(hi - lo), n_alloc = std::max<std::size_t>(n, 1);
@@ -349,6 +405,13 @@ int main(int argc, char** argv) {
                  "on: each unit's update runs on a side stream in the next forward's shadow (optimizer_options::"
                  "overlap_updates); off: every update at the end of the step")
       ->check(CLI::IsMember({"on", "off"}));
+  app.add_option("--offload-optimizer", o.offload,
+                 "fraction of the optimizer in host memory (wrapper_options::offload_optimizer; no value: 1)")
+      ->expected(0, 1)
+      ->default_str("1")
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--offload-update", o.offload_update, "host or device (optimizer_options::offload_update)")
+      ->check(CLI::IsMember({"host", "device"}));
   app.add_option("--gemm-sms", o.gemm_sms,
                  "SMs each GEMM is shaped for when collectives overlap it (0: all; -1: all but --nccl-ctas)");
   app.add_option("--gather-buffers", o.gather_buffers,
@@ -408,7 +471,27 @@ int main(int argc, char** argv) {
                   "tokens/s/GPU", "TFLOP/s", "of floor", "compute", "exp.comm", "optim", "peak MiB", "device MiB",
                   "est. MiB", "est/pk", "state MiB", "formula", "comp.only", "comm.only", "overlap");
     }
+    offload_ceilings oc;
+    if (o.offload > 0) {
+      oc = measure_offload_ceilings();
+      if (talk) {
+        // Per parameter of the offloaded range (fp32 main weights and AdamW
+        // moments, fp32 gradients, bf16 compute weights): the host update
+        // moves 30 B through host memory and 4 + 2 B across PCIe; the device
+        // update 12 B each way across PCIe.
+        const double P = double(s.params()) * o.offload / world.size();
+        std::printf("# offload ceilings (this run): host memory %.1f GB/s (read + write), PCIe host-to-device %.1f GB/s, "
+                    "device-to-host %.1f GB/s\n#   update of %.0fM offloaded parameters at best: host %.1f ms (memory) "
+                    "/ %.1f ms (PCIe), device %.1f ms (PCIe)\n",
+                    oc.host_gbs, oc.h2d_gbs, oc.d2h_gbs, P / 1e6, 30 * P / (oc.host_gbs * 1e9) * 1e3,
+                    (4 * P / (oc.d2h_gbs * 1e9) + 2 * P / (oc.h2d_gbs * 1e9)) * 1e3,
+                    12 * P / (std::min(oc.h2d_gbs, oc.d2h_gbs) * 1e9) * 1e3);
+      }
+    }
     nlohmann::json out{{"device", prop.name},
+                       {"host_memory_gbs", oc.host_gbs},
+                       {"pcie_h2d_gbs", oc.h2d_gbs},
+                       {"pcie_d2h_gbs", oc.d2h_gbs},
                        {"world", world.size()},
                        {"comm", use_nccl ? "nccl" : "mpi"},
                        {"layers", o.layers},
@@ -484,6 +567,7 @@ int main(int argc, char** argv) {
                                   {"peak_bytes", r.peak},
                                   {"device_used_bytes", r.device_used},
                                   {"estimated_bytes", r.estimate},
+                                  {"offloaded_bytes", r.offloaded},
                                   {"fused_epilogues", r.fused},
                                   {"fusion_choices", r.choices},
                                   {"final_loss", r.final_loss}});
@@ -494,6 +578,11 @@ int main(int argc, char** argv) {
     out["wire"] = o.wire;
     out["recompute_gelu"] = o.recompute_gelu;
     out["lend_grad_shards"] = o.lend_grad_shards;
+    out["offload_optimizer"] = o.offload;
+    out["offload_update"] = o.offload_update;
+    if (talk && o.offload > 0)
+      std::printf("# optimizer offloaded to host memory: fraction %.2f, updated on the %s\n", o.offload,
+                  o.offload_update.c_str());
     if (talk && (o.gather_buffers != 2 || o.wire != "fp32" || o.recompute_gelu || o.lend_grad_shards))
       std::printf("# %d gather buffers, gradients reduced in %s%s%s\n", o.gather_buffers, o.wire.c_str(),
                   o.recompute_gelu ? ", GELU outputs recomputed" : "",

@@ -5,7 +5,10 @@
 #include "common/mpi_test_main.hpp"
 #include "common/training_harness.hpp"
 
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 #include <optional>
 #include <random>
 #include <type_traits>
@@ -288,4 +291,76 @@ BOOST_AUTO_TEST_CASE(a_moved_optimizer_keeps_its_deferred_updates) {
   first.reset();
   for (float x : m.get_param(w)) BOOST_TEST(x == 0.5f);
   BOOST_TEST(second.steps() == 1);
+}
+
+// ---- offload (wrapper_options::offload_optimizer) ------------------------------
+
+// host::pool covers [0, n) exactly once, in grain-aligned ranges, for sizes
+// around its thread count and grain.
+BOOST_AUTO_TEST_CASE(host_pool_covers_every_element_once) {
+  host::pool pool(3);
+  BOOST_TEST(pool.size() == 3u);
+  for (std::size_t n : {std::size_t(0), std::size_t(1), std::size_t(7), std::size_t(64), std::size_t(65),
+                        std::size_t(1000), std::size_t(4097)}) {
+    std::vector<std::atomic<int>> hits(n);
+    pool.parallel_for(n, 16, [&](std::size_t b, std::size_t e) {
+      BOOST_TEST(b % 16 == 0);
+      for (std::size_t i = b; i < e; ++i) hits[i]++;
+    });
+    for (std::size_t i = 0; i < n; ++i) BOOST_TEST_REQUIRE(hits[i].load() == 1);
+  }
+}
+
+// Which units are offloaded: the last first, whole units, at least the fraction.
+BOOST_AUTO_TEST_CASE(offload_takes_the_last_units_first) {
+  std::vector<unit_layout> ls;
+  for (int u = 0; u < 4; ++u)
+    ls.emplace_back("u" + std::to_string(u), std::vector<tensor_spec>{{"w", shape({100}), true}}, 1, 1);
+  using V = std::vector<bool>;
+  BOOST_TEST((detail::offloaded_units(ls, 0.0) == V{false, false, false, false}));
+  BOOST_TEST((detail::offloaded_units(ls, 0.25) == V{false, false, false, true}));
+  BOOST_TEST((detail::offloaded_units(ls, 0.3) == V{false, false, true, true}));
+  BOOST_TEST((detail::offloaded_units(ls, 1.0) == V{true, true, true, true}));
+}
+
+// Offload that the host cannot hold: a clear error before anything is
+// allocated; a fraction outside [0, 1] too.
+BOOST_AUTO_TEST_CASE(offload_beyond_host_memory_is_a_clear_error) {
+  comm::mpi c;
+  using W = data_parallel_t<config<optim_grads_params, fsdp, mixed_precision<bf16, float>>>;
+  const std::size_t before = memory_of<backend::host>().current() + memory_of<host_resident>().current();
+  ::setenv("TESSERA_HOST_MEMORY_BYTES", "1000000", 1);
+  {
+    W model(c, wrapper_options{.offload_optimizer = 1.0});
+    model.add_param(model.add_unit("big"), "w", shape({1 << 20}));
+    try {
+      model.finalize();
+      BOOST_ERROR("no error for offload beyond host memory");
+    } catch (const tessera::error& e) {
+      BOOST_TEST(std::string(e.what()).find("host memory") != std::string::npos);
+    }
+  }
+  ::unsetenv("TESSERA_HOST_MEMORY_BYTES");
+  BOOST_TEST(memory_of<backend::host>().current() + memory_of<host_resident>().current() == before);
+  BOOST_CHECK_THROW(W(c, wrapper_options{.offload_optimizer = 1.5}), tessera::error);
+}
+
+// The offloaded bytes are where the counters say: with everything offloaded
+// under mixed precision the backend holds no main weights and no AdamW state.
+BOOST_AUTO_TEST_CASE(offloaded_state_is_counted_as_host_memory) {
+  comm::mpi c;
+  using W = data_parallel_t<config<optim_grads_params, fsdp, mixed_precision<bf16, float>>>;
+  for (auto where : {update_site::host, update_site::device}) {
+    W model(c, wrapper_options{.offload_optimizer = 1.0});
+    model.add_param(model.add_unit("a"), "w", shape({1000}));
+    model.add_param(model.add_unit("b"), "w", shape({333}));
+    model.finalize();
+    BOOST_TEST(model.planned().main_weights == 0u);
+    BOOST_TEST(model.planned().host_main_weights > 0u);
+    const std::size_t h0 = memory_of<host_resident>().current();
+    ShardedOptimizer opt(model, adamw{}, optimizer_options{.offload_update = where});
+    BOOST_TEST(opt.shards().offloaded(0));
+    BOOST_TEST(opt.state_bytes() == 2 * sizeof(double) + sizeof(step_control));  // the norm and the decision only
+    BOOST_TEST(memory_of<host_resident>().current() - h0 == opt.offloaded_bytes());  // no decay mask: all decay
+  }
 }

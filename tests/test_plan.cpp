@@ -39,7 +39,7 @@ void register_awkward(M& m) {
 }
 
 template <class Cfg, class A = adamw, class Comm>
-void check_plan(Comm& c, const wrapper_options& wo, comm::mesh<Comm>* m = nullptr) {
+void check_plan(Comm& c, const wrapper_options& wo, comm::mesh<Comm>* m = nullptr, const optimizer_options& oo = {}) {
   using W = data_parallel_t<Cfg>;
   std::optional<W> holder;
   if (m) holder.emplace(*m, wo);
@@ -47,21 +47,28 @@ void check_plan(Comm& c, const wrapper_options& wo, comm::mesh<Comm>* m = nullpt
   W& model = *holder;
   register_awkward(model);
   model.finalize();
-  ShardedOptimizer opt(model, A{});
+  const std::size_t held0 = memory_of<host_resident>().current();
+  ShardedOptimizer opt(model, A{}, oo);
   // The busiest rank of the world (shards pad equally; masks may differ).
   const memory_plan& pl = model.planned();
-  std::int64_t real[7] = {std::int64_t(pl.compute_weights),   std::int64_t(pl.main_weights),
-                          std::int64_t(pl.grads),             std::int64_t(pl.gathered_buffers),
-                          std::int64_t(pl.reduction_buffers), std::int64_t(opt.state_bytes()),
-                          std::int64_t(pl.total())};
-  comm::all_reduce(c, std::span<std::int64_t>(real, 7), comm::reduce_op::max);
+  std::int64_t real[10] = {std::int64_t(pl.compute_weights),   std::int64_t(pl.main_weights),
+                           std::int64_t(pl.grads),             std::int64_t(pl.gathered_buffers),
+                           std::int64_t(pl.reduction_buffers), std::int64_t(opt.state_bytes()),
+                           std::int64_t(pl.total()),           std::int64_t(pl.host_main_weights),
+                           std::int64_t(opt.offloaded_bytes()), 0};
+  // The offloaded bytes the optimizer counts are the ones it allocated as
+  // host-resident (its staging's std::vector mask is counted by hand).
+  BOOST_TEST(memory_of<host_resident>().current() - held0 <= opt.offloaded_bytes());
+  real[9] = std::int64_t(opt.offloaded_bytes() - (memory_of<host_resident>().current() - held0));
+  comm::all_reduce(c, std::span<std::int64_t>(real, 10), comm::reduce_op::max);
   plan::model_recorder rec;
   register_awkward(rec);
-  const auto p = plan::memory<Cfg, A>(rec.units(), model.world(), wo, model.replicas());
+  const auto p = plan::memory<Cfg, A>(rec.units(), model.world(), wo, model.replicas(), oo);
   BOOST_TEST_CONTEXT(Cfg::strategy::name << " / " << Cfg::wrapper::name << " / " << Cfg::outer_type::name << ", "
                                          << model.replicas() << " x " << model.world() << ", alignment "
                                          << wo.alignment << ", gather buffers " << wo.gather_buffers << ", lend "
-                                         << wo.lend_grad_shards) {
+                                         << wo.lend_grad_shards << ", offload " << wo.offload_optimizer << " on "
+                                         << (oo.offload_update == update_site::host ? "host" : "device")) {
     BOOST_TEST(std::int64_t(p.model.compute_weights) == real[0]);
     BOOST_TEST(std::int64_t(p.model.main_weights) == real[1]);
     BOOST_TEST(std::int64_t(p.model.grads) == real[2]);
@@ -69,6 +76,10 @@ void check_plan(Comm& c, const wrapper_options& wo, comm::mesh<Comm>* m = nullpt
     BOOST_TEST(std::int64_t(p.model.reduction_buffers) == real[4]);
     BOOST_TEST(std::int64_t(p.optimizer) == real[5]);
     BOOST_TEST(std::int64_t(p.model.total()) == real[6]);
+    BOOST_TEST(std::int64_t(p.model.host_main_weights) == real[7]);
+    BOOST_TEST(std::int64_t(p.optimizer_host) == real[8]);
+    BOOST_TEST(real[9] <= 64);  // the host update's decay masks, a few words
+    if (wo.offload_optimizer > 0) BOOST_TEST(p.host_total() > 0);
   }
 }
 }  // namespace
@@ -82,6 +93,12 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(plan_equals_the_wrappers_and_optimizers_own_count,
         check_plan<Cfg>(c, wo);
       }
   check_plan<Cfg, sgd>(c, wrapper_options{});
+  // Offload: a part (the last unit), everything, either update.
+  for (double f : {0.3, 1.0})
+    for (auto where : {update_site::host, update_site::device}) {
+      const wrapper_options wo{.offload_optimizer = f};
+      check_plan<Cfg, adamw, comm::mpi>(c, wo, nullptr, optimizer_options{.offload_update = where});
+    }
 }
 
 using mesh_configs =

@@ -3,7 +3,8 @@
 //   tessera-plan memory --layers L --d D --ctx K --tokens T --gpus N
 //                       [--shard-group S --outer no_shard|optim] [--wrapper W] [--strategy S]
 //                       [--precision fp32|bf16] [--accum A] [--gather-buffers G]
-//                       [--recompute-gelu] [--lend-grad-shards] [--backend cuda|host]
+//                       [--recompute-gelu] [--lend-grad-shards] [--offload-optimizer [F]]
+//                       [--offload-update host|device] [--backend cuda|host]
 //                       [--gpu-memory GiB] [--json]
 //
 // The reference model (tessera-mlp-lm's, registered by the same
@@ -35,7 +36,8 @@ struct options {
   std::string wrapper = "fsdp", strategy = "optim_grads_params", precision = "bf16", outer = "no_shard",
               backend = "cuda";
   bool recompute_gelu = false, lend_grad_shards = false, json = false;
-  double gpu_memory_gib = 0;
+  double gpu_memory_gib = 0, offload = 0;
+  std::string offload_update = "host";
 };
 
 template <class Cfg>
@@ -45,11 +47,13 @@ int plan_memory(const options& o) {
   plan::model_recorder rec;
   (void)mlp_lm::register_model(rec, s);
   const int S = o.shard_group > 0 ? o.shard_group : o.gpus, R = o.gpus / S;
-  const wrapper_options wo{.gather_buffers = o.gather_buffers, .lend_grad_shards = o.lend_grad_shards};
+  const wrapper_options wo{.gather_buffers = o.gather_buffers, .lend_grad_shards = o.lend_grad_shards,
+                           .offload_optimizer = o.offload};
+  const optimizer_options oo{.offload_update = o.offload_update == "device" ? update_site::device : update_site::host};
   if (o.lend_grad_shards && o.accum > 1 && Cfg::strategy::shards_grads)
     throw tessera::error("--lend-grad-shards holds one micro-batch's reduction under optim_grads and "
                          "optim_grads_params; use --accum 1");
-  const plan::rank_memory m = plan::memory<Cfg, adamw>(rec.units(), S, wo, R);
+  const plan::rank_memory m = plan::memory<Cfg, adamw>(rec.units(), S, wo, R, oo);
   // The trainer splits each micro-batch of tokens / accum over all N ranks,
   // rank r taking [per r / N, per (r + 1) / N): the busiest holds the most.
   const long per = o.tokens / o.accum;
@@ -102,6 +106,7 @@ int plan_memory(const options& o) {
                      {"activations_bytes", act},
                      {"blas_workspace_bytes", blas},
                      {"total_bytes", total},
+                     {"offloaded_bytes", m.host_total()},
                      {"fits", fits}};
     if (limit > 0) j["gpu_memory_bytes"] = limit;
     std::printf("%s\n", j.dump().c_str());
@@ -113,12 +118,13 @@ int plan_memory(const options& o) {
     std::printf("  compute weights   %12.2f MiB\n  main weights      %12.2f MiB\n  gradients         %12.2f MiB\n"
                 "  gathered units    %12.2f MiB\n  reduction buffers %12.2f MiB\n  shards not lent   %12.2f MiB\n"
                 "  optimizer state   %12.2f MiB\n"
-                "  activations       %12.2f MiB\n  BLAS workspace    %12.2f MiB\n  total per rank    %12.2f MiB%s\n",
+                "  activations       %12.2f MiB\n  BLAS workspace    %12.2f MiB\n  total per rank    %12.2f MiB%s\n"
+                "  offloaded (host)  %12.2f MiB\n",
                 mib(m.model.compute_weights), mib(m.model.main_weights), mib(m.model.grads),
                 mib(m.model.gathered_buffers), mib(m.model.reduction_buffers), mib(own), mib(m.optimizer), mib(act),
                 mib(blas),
                 mib(total),
-                limit > 0 ? (fits ? "  (fits)" : "  (does NOT fit)") : "");
+                limit > 0 ? (fits ? "  (fits)" : "  (does NOT fit)") : "", mib(m.host_total()));
   }
   return fits ? 0 : 3;
 }
@@ -160,6 +166,13 @@ int main(int argc, char** argv) {
   mem->add_flag("--recompute-gelu", o.recompute_gelu);
   mem->add_flag("--lend-grad-shards", o.lend_grad_shards,
                 "gradient shards in the CUDA trainer's activations (wrapper_options::lend_grad_shards)");
+  mem->add_option("--offload-optimizer", o.offload,
+                  "fraction of the optimizer in host memory (wrapper_options::offload_optimizer; no value: 1)")
+      ->expected(0, 1)
+      ->default_str("1")
+      ->check(CLI::Range(0.0, 1.0));
+  mem->add_option("--offload-update", o.offload_update, "host or device (optimizer_options::offload_update)")
+      ->check(CLI::IsMember({"host", "device"}));
   mem->add_option("--backend", o.backend, "whose activations: cuda (the GPU trainer) or host")
       ->check(CLI::IsMember({"cuda", "host"}));
   mem->add_option("--gpu-memory", o.gpu_memory_gib, "GiB per GPU to fit in (exit 3 when it does not)")

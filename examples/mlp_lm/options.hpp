@@ -22,6 +22,8 @@ struct options {
   double timeout = -1;               // seconds; < 0: the library's default (600, or TESSERA_TIMEOUT_S)
   std::string order_check = "auto";  // auto: on over MPI, off over NCCL
   std::string overlap_updates = "on";  // optimizer_options::overlap_updates
+  double offload = 0;                  // wrapper_options::offload_optimizer
+  std::string offload_update = "host";  // optimizer_options::offload_update
   std::uint64_t seed = 1;
   std::string data, save, load, dump_weights;
   std::string shard_group, outer = "no_shard";  // mesh: "" = flat world, "node", or S ranks per shard group
@@ -58,6 +60,16 @@ inline int parse(int argc, char** argv, options& o) {
                  "on: each unit's optimizer update runs in the next forward's shadow, just before the unit is needed "
                  "(a side stream on the cuda backend); off: every update at the end of the step")
       ->check(CLI::IsMember({"on", "off"}));
+  app.add_option("--offload-optimizer", o.offload,
+                 "this fraction of the optimizer (main weights and AdamW state; the last units first) lives in host "
+                 "memory; without a value: all of it")
+      ->expected(0, 1)
+      ->default_str("1")
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--offload-update", o.offload_update,
+                 "where offloaded units update: host (the CPU's cores; PCIe carries gradients and bf16 weights) or "
+                 "device (the GPU reading the host-resident state across PCIe)")
+      ->check(CLI::IsMember({"host", "device"}));
   app.add_option("--wrapper", o.wrapper, "ddp, fsdp (flat shards) or fsdp2 (per-parameter row shards; optim_grads_params)")
       ->check(CLI::IsMember({"ddp", "fsdp", "fsdp2"}));
   app.add_option("--strategy", o.strategy, "no_shard, optim, optim_grads or optim_grads_params")
@@ -176,6 +188,7 @@ inline std::string describe(const options& o) {
   put("recompute-gelu", o.recompute_gelu), put("lend-grad-shards", o.lend_grad_shards);
   put("copy-engine-gathers", o.copy_engine_gathers), put("timeout", o.timeout), put("order-check", o.order_check);
   put("shard-group", o.shard_group), put("outer", o.outer), put("overlap-updates", o.overlap_updates);
+  put("offload-optimizer", o.offload), put("offload-update", o.offload_update);
   return s;
 }
 

@@ -41,8 +41,16 @@ struct device_usage {
 //! state from the wrapper's plan, plus the trainer's activations and scratch.
 struct memory_estimate {
   std::size_t model_state = 0, optimizer_state = 0, activations = 0, blas_workspace = 0;
+  std::size_t offloaded = 0;  // host memory: offloaded main weights, optimizer state and its staging
   [[nodiscard]] std::size_t total() const { return model_state + optimizer_state + activations + blas_workspace; }
 };
+
+//! Bytes as MiB with two decimals.
+inline std::string mib(std::size_t b) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%.2f", double(b) / (1 << 20));
+  return s;
+}
 
 //! The crash test hook (tests/checkpoint/check_checkpoints.py):
 //! TESSERA_CHECKPOINT_CRASH=<point>[:<n>] ends the process the n-th time
@@ -147,7 +155,8 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
   const model_shape shape{o.layers, o.d, o.ctx};
 
   memory_of<B>().reset_peak();
-  const wrapper_options wo{.lend_grad_shards = o.lend_grad_shards};
+  memory_of<host_resident>().reset_peak();
+  const wrapper_options wo{.lend_grad_shards = o.lend_grad_shards, .offload_optimizer = o.offload};
   std::optional<Wrapper> holder;
   if (m) holder.emplace(*m, wo);
   else holder.emplace(comm, wo);
@@ -157,7 +166,9 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
   model.finalize();
   init_model(model, ids, shape, o.seed);
   ShardedOptimizer opt(model, adamw{.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = o.weight_decay},
-                       optimizer_options{.clip_norm = o.clip, .overlap_updates = o.overlap_updates == "on"});
+                       optimizer_options{.clip_norm = o.clip, .overlap_updates = o.overlap_updates == "on",
+                                         .offload_update = o.offload_update == "device" ? update_site::device
+                                                                                        : update_site::host});
   if (o.warmup > 0)
     opt.set_schedule([w = o.warmup](long step, double lr) { return lr * std::min(1.0, double(step) / w); });
 
@@ -223,12 +234,13 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
   if constexpr (requires { net.lend_grad_shards(); })
     if (o.lend_grad_shards) own_shards = net.lend_grad_shards();
   memory_estimate est{model.planned().total(), opt.state_bytes(),
-                      Net::workspace_bytes(shape, n_alloc, nopt) + own_shards, blas_workspace};
+                      Net::workspace_bytes(shape, n_alloc, nopt) + own_shards, blas_workspace,
+                      model.planned().host_main_weights + opt.offloaded_bytes()};
   {  // The busiest rank's, part by part (ranks differ by a decay-mask word or a token), as tessera-plan gives it.
-    std::int64_t v[4] = {std::int64_t(est.model_state), std::int64_t(est.optimizer_state),
-                         std::int64_t(est.activations), std::int64_t(est.blas_workspace)};
-    comm::all_reduce(world, std::span<std::int64_t>(v, 4), comm::reduce_op::max);
-    est = {std::size_t(v[0]), std::size_t(v[1]), std::size_t(v[2]), std::size_t(v[3])};
+    std::int64_t v[5] = {std::int64_t(est.model_state), std::int64_t(est.optimizer_state),
+                         std::int64_t(est.activations), std::int64_t(est.blas_workspace), std::int64_t(est.offloaded)};
+    comm::all_reduce(world, std::span<std::int64_t>(v, 5), comm::reduce_op::max);
+    est = {std::size_t(v[0]), std::size_t(v[1]), std::size_t(v[2]), std::size_t(v[3]), std::size_t(v[4])};
   }
 
   // The host samples micro-batch i + 1 while the device runs micro-batch i.
@@ -245,7 +257,7 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
   const std::string prec = o.precision;
   if (talk && !o.json)
     std::printf("tessera-mlp-lm: backend %s%s%s%s, %s / %s / %s, %d rank%s%s, %zu parameters, %ld tokens per step, "
-                "estimated memory %.2f MiB per rank (model state %.2f, optimizer %.2f, activations %.2f)\n",
+                "estimated memory %.2f MiB per rank (model state %.2f, optimizer %.2f, activations %.2f)%s\n",
                 Net::backend_name, net.fusion().empty() ? "" : " (", net.fusion().c_str(), net.fusion().empty() ? "" : ")",
                 std::string(Cfg::wrapper::name).c_str(), std::string(Cfg::strategy::name).c_str(), prec.c_str(), N,
                 N == 1 ? "" : "s",
@@ -254,7 +266,10 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
                   : "",
                 shape.params(), o.tokens, double(est.total()) / (1 << 20),
                 double(est.model_state) / (1 << 20), double(est.optimizer_state) / (1 << 20),
-                double(est.activations + est.blas_workspace) / (1 << 20));
+                double(est.activations + est.blas_workspace) / (1 << 20),
+                est.offloaded ? (", offloaded to host memory " + mib(est.offloaded) + " MiB (" + o.offload_update +
+                                 " update)").c_str()
+                              : "");
   double final_loss = 0, total_s = 0;
   long timed_steps = 0;
   if (first_step < o.steps) sample(cur, first_step, 0);
@@ -310,8 +325,9 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
                   {"precision", o.precision}, {"strategy", std::string(Cfg::strategy::name)},
                   {"wrapper", std::string(Cfg::wrapper::name)}});
   // Peaks over all ranks: the busiest rank is what a machine must hold.
-  std::int64_t peak[2] = {std::int64_t(memory_of<B>().peak()), std::int64_t(usage.used())};
-  comm::all_reduce(world, std::span<std::int64_t>(peak, 2), comm::reduce_op::max);
+  std::int64_t peak[3] = {std::int64_t(memory_of<B>().peak()), std::int64_t(usage.used()),
+                          std::int64_t(memory_of<host_resident>().peak())};
+  comm::all_reduce(world, std::span<std::int64_t>(peak, 3), comm::reduce_op::max);
   if (talk) {
     const double tps = total_s > 0 ? double(o.tokens) * double(timed_steps) / total_s : 0.0;
     nlohmann::json j{{"summary", true},
@@ -334,17 +350,24 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
                      {"peak_bytes", peak[0]},
                      {"device_used_bytes", peak[1]},
                      {"estimated_bytes", est.total()},
-                     {"planned_model_state_bytes", est.model_state + est.optimizer_state}};
+                     {"planned_model_state_bytes", est.model_state + est.optimizer_state},
+                     {"offload_optimizer", o.offload},
+                     {"offload_update", o.offload_update},
+                     {"offloaded_bytes", peak[2]},
+                     {"estimated_offloaded_bytes", est.offloaded}};
     if (o.json) std::printf("%s\n", j.dump().c_str());
     else
       std::printf("done: final loss %.4f, %.0f tokens/s over %d rank%s (%.0f and %.2f TFLOP/s per rank; steps after "
-                  "the first), peak %.2f MiB per rank (library buffers; estimate %.2f MiB%s)\n",
+                  "the first), peak %.2f MiB per rank (library buffers; estimate %.2f MiB%s)%s\n",
                   final_loss, tps, N, N == 1 ? "" : "s", tps / N, shape.flops_per_token() * tps / N / 1e12,
                   double(peak[0]) / (1 << 20),
                   double(est.total()) / (1 << 20),
                   std::is_same_v<B, backend::host>
                       ? ""
-                      : ("; the device's own count " + std::to_string(peak[1] >> 20) + " MiB").c_str());
+                      : ("; the device's own count " + std::to_string(peak[1] >> 20) + " MiB").c_str(),
+                  peak[2] ? (", offloaded " + mib(std::size_t(peak[2])) + " MiB in host memory (estimate " +
+                             mib(est.offloaded) + " MiB)").c_str()
+                          : "");
   }
   return 0;
 }

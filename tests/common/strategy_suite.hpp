@@ -79,6 +79,41 @@ void check_matches_single_rank_no_shard(Comm& c) {
                                          << rank << " of " << N) {
     BOOST_TEST(max_rel_diff(got, ref) <= tolerance<Cfg>());
   }
+  // Offloaded optimizer state (the last unit, then every unit), updated on
+  // the host's cores or across PCIe, with a skipped step and lent shards:
+  // the same functor on the same values as without offload (bit for bit on
+  // the host backend; within fp32 rounding on CUDA, whose compiler contracts
+  // the device arithmetic differently from the host's).
+  {
+    using where = update_site;
+    struct variant {
+      double fraction;
+      where on;
+      bool lend;
+    };
+    for (bool lend : {false, true}) {
+      run_params q;
+      q.global_samples = global_samples<Cfg>(N);
+      q.nonfinite_at_step1_on_last_rank = true;
+      q.lend_grad_shards = lend;
+      if (lend) q.accum = Cfg::strategy::shards_grads ? 1 : 2;
+      const run_result base = run(test_adamw(), q);
+      for (const variant v : {variant{0.3, where::host, false}, variant{1.0, where::host, false},
+                              variant{1.0, where::device, false}, variant{1.0, where::host, true}}) {
+        if (v.lend != lend) continue;
+        q.offload = v.fraction;
+        q.offload_on = v.on;
+        const run_result off = run(test_adamw(), q);
+        constexpr bool cuda = std::is_same_v<typename Cfg::backend_type, tessera::backend::cuda>;
+        BOOST_TEST_CONTEXT(Cfg::strategy::name << " / " << Cfg::wrapper::name << ", offload " << v.fraction << " on "
+                                               << (v.on == where::host ? "host" : "device") << ", lend " << lend
+                                               << ", rank " << rank << " of " << N) {
+          check_only_step1_skipped(off);
+          BOOST_TEST(max_rel_diff(off, base) <= (cuda ? 1e-6 : 0.0));
+        }
+      }
+    }
+  }
   // On the device, updates on the side stream (in the next forward's shadow)
   // against updates at the end of the step: the same kernels on the same
   // values (the host suites check every strategy bit for bit in test_optim;

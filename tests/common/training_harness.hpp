@@ -47,6 +47,9 @@ struct run_params {
   // each unit (the host backend runs them there, so a use the wrapper does not
   // settle reads stale weights and fails the comparison).
   bool overlap_updates = true;
+  // wrapper_options::offload_optimizer and where offloaded units update.
+  double offload = 0.0;
+  tessera::update_site offload_on = tessera::update_site::host;
 };
 
 //! Initial value of element i of tensor t in unit u (the same on every rank).
@@ -83,7 +86,8 @@ run_result train(Comm& c, Alg alg, const run_params& p, tessera::comm::mesh<Comm
   // The batch is split over the whole world; the shards over the group.
   const int N = m ? m->world_size() : c.size(), r = m ? m->world_rank() : c.rank();
   using G = typename W::grad_type;
-  const wrapper_options wo{.alignment = p.alignment, .lend_grad_shards = p.lend_grad_shards};
+  const wrapper_options wo{.alignment = p.alignment, .lend_grad_shards = p.lend_grad_shards,
+                           .offload_optimizer = p.offload};
   std::optional<W> holder;
   if (m) holder.emplace(*m, wo);
   else holder.emplace(c, wo);
@@ -104,7 +108,9 @@ run_result train(Comm& c, Alg alg, const run_params& p, tessera::comm::mesh<Comm
       for (std::size_t i = 0; i < v.size(); ++i) v[i] = typename W::main_type(init_value(int(u), int(t), i));
       model.set_param(params[u][t], v);
     }
-  ShardedOptimizer opt(model, alg, optimizer_options{.clip_norm = p.clip, .overlap_updates = p.overlap_updates});
+  ShardedOptimizer opt(model, alg,
+                       optimizer_options{.clip_norm = p.clip, .overlap_updates = p.overlap_updates,
+                                         .offload_update = p.offload_on});
   std::vector<typename ops::template buffer<G>> activations;  // lent to the shards when p.lend_grad_shards
   if (p.lend_grad_shards)
     for (std::size_t u = 0; u < units.size(); ++u) {

@@ -24,6 +24,9 @@ cases = [  # ranks, flags (shared by both programs)
     (4, ['--wrapper', 'fsdp', '--strategy', 'optim_grads_params', '--precision', 'fp32', '--shard-group', '2',
          '--outer', 'optim']),
     (4, ['--wrapper', 'fsdp2', '--strategy', 'optim_grads_params', '--precision', 'fp32', '--shard-group', '2']),
+    (2, ['--wrapper', 'fsdp', '--strategy', 'optim_grads_params', '--precision', 'bf16', '--offload-optimizer', '0.5']),
+    (3, ['--wrapper', 'ddp', '--strategy', 'optim', '--precision', 'bf16', '--offload-optimizer', '--offload-update', 'device']),
+    (1, ['--wrapper', 'fsdp', '--strategy', 'optim_grads_params', '--precision', 'fp32', '--offload-optimizer']),
 ]
 fail = 0
 for np_, flags in cases:
@@ -42,8 +45,10 @@ for np_, flags in cases:
         fail = 1
         continue
     p = json.loads(pl.stdout)
-    got = {'total': p['total_bytes'], 'state': p['model_state_bytes'] + p['optimizer_state_bytes']}
-    want = {'total': s['estimated_bytes'], 'state': s['planned_model_state_bytes']}
+    got = {'total': p['total_bytes'], 'state': p['model_state_bytes'] + p['optimizer_state_bytes'],
+           'offloaded': p['offloaded_bytes']}
+    want = {'total': s['estimated_bytes'], 'state': s['planned_model_state_bytes'],
+            'offloaded': s['estimated_offloaded_bytes']}
     ok = got == want
     fail |= not ok
     print(f"{'ok' if ok else 'FAIL'}: {np_} ranks {' '.join(flags)}: planner {got}, trainer {want}")

@@ -9,6 +9,7 @@
 #include <span>
 #include <vector>
 
+#include "tessera/backend/host/pool.hpp"
 #include "tessera/backend/ops.hpp"
 #include "tessera/comm/communicator.hpp"
 #include "tessera/core/vec.hpp"
@@ -17,6 +18,9 @@
 #include "tessera/wrapper/shard_view.hpp"
 
 namespace tessera {
+
+//! Where offloaded units are updated (optimizer_options::offload_update).
+enum class update_site { host, device };
 
 struct optimizer_options {
   //! Clip the global gradient norm to this value; 0 disables clipping.
@@ -30,6 +34,15 @@ struct optimizer_options {
   //! meshes) the updates run in step() as without it. Off: every update is
   //! issued on the current stream in step().
   bool overlap_updates = true;
+  //! Where offloaded units (wrapper_options::offload_optimizer) are updated:
+  //! `host`: their gradients copied to pinned memory, the algorithm's own
+  //! functor over every core (host::pool), the new compute weights copied
+  //! back, all in stream order (PCIe carries gradients and compute weights:
+  //! 4 + 2 bytes per fp32/bf16 element); `device`: the algorithm's kernel on
+  //! the GPU reading and writing the host-resident state across PCIe (12 + 12
+  //! bytes per AdamW element). Units whose main weights are the compute
+  //! weights (full_precision) always take `device`.
+  update_site offload_update = update_site::host;
 };
 
 //! What one step did.
@@ -187,18 +200,34 @@ public:
       : e_(model.shards()), hp_(hp), opt_(opt) {
     TESSERA_CHECK(e_.finalized(), "ShardedOptimizer created before the wrapper's finalize()");
     TESSERA_CHECK(opt.clip_norm >= 0, "clip_norm must be >= 0, got ", opt.clip_norm);
+    {
+      std::size_t host = 0;  // what the loop below places in host memory, before it allocates
+      for (std::size_t u = 0; u < e_.num_units(); ++u)
+        if (e_.offloaded(u))
+          host += e_.opt_range(u).second * (std::size_t(Algorithm::state_count) * sizeof(M) +
+                                            (host_update(true, opt.offload_update) ? sizeof(G) + sizeof(C) : 0));
+      detail::check_host_room(host, "offloading the optimizer state (wrapper_options::offload_optimizer)");
+    }
     for (std::size_t u = 0; u < e_.num_units(); ++u) {
       const auto& L = e_.layout(u);
       const std::size_t n = e_.opt_range(u).second;
       unit_state st;
+      const placement where = e_.offloaded(u) ? placement::host : placement::device;
       for (int k = 0; k < Algorithm::state_count; ++k) {
-        st.state.emplace_back(n);
+        st.state.emplace_back(n, where);
         ops::fill(st.state.back().span(), M{});
       }
       const auto bits = detail::decay_mask_bits(L, n, [&](std::size_t t) { return e_.range_piece(u, t); }, st.decay_shift);
       if (!bits.empty()) {
         st.decay_bits = buffer<std::uint32_t>(bits.size());
         ops::copy_from_host(st.decay_bits.span(), std::span<const std::uint32_t>(bits));
+      }
+      if (host_update(e_.offloaded(u), opt.offload_update)) {
+        st.on_host = true;
+        st.host_bits = bits;
+        st.grads_host = buffer<G>(n, placement::host);
+        st.compute_host = buffer<C>(n, placement::host);
+        if (ctl_host_.size() == 0) ctl_host_ = buffer<step_control>(1, placement::host);
       }
       units_.push_back(std::move(st));
     }
@@ -217,29 +246,46 @@ public:
     }
   }
 
-  //! Bytes this optimizer holds on this rank: its state, the decay masks
-  //! and the norm accumulator.
-  [[nodiscard]] std::size_t state_bytes() const noexcept {
-    std::size_t b = acc_.size() * sizeof(double) + ctl_.size() * sizeof(step_control);
-    for (auto& u : units_) {
-      b += u.decay_bits.size() * sizeof(std::uint32_t);
-      for (auto& s : u.state) b += s.size() * sizeof(M);
-    }
-    return b;
-  }
-  //! What state_bytes() will be on rank `rank` (replica part `part` under
-  //! outer<optim>) of a wrapper with these layouts, without building either:
-  //! the same ranges and masks the constructor allocates (tessera/plan/memory.hpp).
-  [[nodiscard]] static std::size_t planned_state_bytes(const std::vector<unit_layout>& layouts, int rank, int part = 0) {
+  //! Bytes this optimizer holds on this rank in the backend's memory: its
+  //! state (of units not offloaded), the decay masks and the norm accumulator.
+  [[nodiscard]] std::size_t state_bytes() const noexcept { return held(placement::device); }
+  //! Bytes it holds in host memory for offloaded units: their state, and
+  //! for the host update the staging of gradients, compute weights and the
+  //! step's decision.
+  [[nodiscard]] std::size_t offloaded_bytes() const noexcept { return held(placement::host); }
+  //! Planned bytes on one rank: in the backend's memory, and offloaded.
+  struct planned_bytes {
+    std::size_t device = 0, host = 0;
+  };
+  //! What state_bytes() and offloaded_bytes() will be on rank `rank`
+  //! (replica part `part` under outer<optim>) of a wrapper with these
+  //! layouts and options, without building either: the same ranges, masks
+  //! and placements the constructor allocates (tessera/plan/memory.hpp).
+  [[nodiscard]] static planned_bytes planned_state(const std::vector<unit_layout>& layouts, int rank, int part = 0,
+                                                   const wrapper_options& wo = {}, const optimizer_options& oo = {}) {
     using rules = detail::storage<typename Wrapper::config>;
-    std::size_t b = norm_scalars * sizeof(double) + sizeof(step_control);
-    for (const auto& L : layouts) {
+    planned_bytes b;
+    b.device = norm_scalars * sizeof(double) + sizeof(step_control);
+    const std::vector<bool> off = detail::offloaded_units(layouts, wo.offload_optimizer);
+    bool control = false;
+    for (std::size_t u = 0; u < layouts.size(); ++u) {
+      const unit_layout& L = layouts[u];
       const std::size_t n = rules::opt_range(L, rank, part).second;
       unsigned shift = 0;
       const auto bits = detail::decay_mask_bits(L, n, [&](std::size_t t) { return rules::range_piece(L, t, rank, part); }, shift);
-      b += bits.size() * sizeof(std::uint32_t) + std::size_t(Algorithm::state_count) * n * sizeof(M);
+      b.device += bits.size() * sizeof(std::uint32_t);
+      (off[u] ? b.host : b.device) += std::size_t(Algorithm::state_count) * n * sizeof(M);
+      if (host_update(off[u], oo.offload_update)) {
+        b.host += n * (sizeof(G) + sizeof(C)) + bits.size() * sizeof(std::uint32_t);
+        control = true;
+      }
     }
+    if (control) b.host += sizeof(step_control);
     return b;
+  }
+  //! planned_state(...).device without offload.
+  [[nodiscard]] static std::size_t planned_state_bytes(const std::vector<unit_layout>& layouts, int rank, int part = 0) {
+    return planned_state(layouts, rank, part).device;
   }
   //! The learning rate at step s (1-based): schedule(s, base lr) if set, else the base.
   void set_schedule(std::function<double(long step, double base_lr)> f) { schedule_ = std::move(f); }
@@ -298,11 +344,21 @@ public:
     // Local publication only drops gathered copies (which the updates make
     // stale); each unit's next gather settles its update first.
     if (defer) e_.publish_weights(/*converted=*/true);
+    // The host update reads the decision from pinned memory, copied in
+    // stream order before any unit's update is queued.
+    if (ctl_host_.size()) ops::copy_to_host_async(ctl_host_.span(), std::span<const step_control>(ctl_.span()));
     for (std::size_t u = 0; u < units_.size(); ++u) {
-      const auto k = kernel(u, rec->r);
-      const std::size_t n = e_.opt_range(u).second;
-      if (defer) e_.defer(u, ops::template after<1>([] {}, [k, n] { ops::for_each(n, k); }));
-      else ops::for_each(n, k);
+      std::function<void()> update;
+      if (units_[u].on_host) {
+        update = host_update_of(u, rec->r);
+      } else {
+        const auto k = kernel(u, rec->r);
+        const std::size_t n = e_.opt_range(u).second;
+        if (e_.offloaded(u)) update = [k, n] { ops::for_each_streaming(n, k); };
+        else update = [k, n] { ops::for_each(n, k); };
+      }
+      if (defer) e_.defer(u, ops::template after<1>([] {}, std::move(update)));
+      else update();
     }
     if (!defer) e_.publish_weights(/*converted=*/true);
     e_.zero_grad();
@@ -316,7 +372,72 @@ private:
     std::vector<buffer<M>> state;
     buffer<std::uint32_t> decay_bits;  // empty: every element decays
     unsigned decay_shift = 0;
+    // The host update (offloaded units): the mask, gradients and new compute weights in host memory.
+    bool on_host = false;
+    std::vector<std::uint32_t> host_bits;
+    buffer<G> grads_host;
+    buffer<C> compute_host;
   };
+  // Whether an offloaded unit is updated on the host: the option, and compute
+  // weights of their own to copy back (else the main weights are on the device).
+  static bool host_update(bool offloaded, update_site where) noexcept {
+    return offloaded && where == update_site::host && !std::is_same_v<C, M>;
+  }
+  std::size_t held(placement where) const noexcept {
+    std::size_t b = 0;
+    auto add = [&](const auto& buf) {
+      if (buf.where() == where) b += buf.size() * sizeof(*buf.data());
+    };
+    add(acc_);
+    add(ctl_);
+    add(ctl_host_);
+    for (auto& u : units_) {
+      add(u.decay_bits);
+      for (auto& s : u.state) add(s);
+      add(u.grads_host);
+      add(u.compute_host);
+      if (where == placement::host) b += u.host_bits.size() * sizeof(std::uint32_t);
+    }
+    return b;
+  }
+
+  // Unit u's update on the host, in stream order on the current stream: its
+  // gradients to pinned memory, the algorithm's functor over every core (the
+  // driver's callback thread hands the range to host::pool), the new compute
+  // weights back to the device.
+  std::function<void()> host_update_of(std::size_t u, const step_result& r) {
+    auto& st = units_[u];
+    const std::size_t n = e_.opt_range(u).second;
+    M* state[Algorithm::state_count];
+    for (int k = 0; k < Algorithm::state_count; ++k) state[k] = st.state[std::size_t(k)].data();
+    const update_args<M, G, C> args{e_.main_weights(u).data(), st.grads_host.data(), state, st.compute_host.data(),
+                                    decay_mask{st.host_bits.empty() ? nullptr : st.host_bits.data(), st.decay_shift},
+                                    r.lr, &ctl_host_.data()->grad_scale, r.step};
+    using F = decltype(hp_.template kernel<M, G, C>(args));
+    const detail::unless_skipped<F> f{hp_.template kernel<M, G, C>(args), &ctl_host_.data()->skip};
+    const std::span<const G> grads = e_.opt_grads(u);
+    const std::span<G> grads_host = st.grads_host.span();
+    const std::span<C> out(e_.compute_out(u), n);
+    const std::span<const C> out_host = st.compute_host.span();
+    return [f, n, grads, grads_host, out, out_host] {
+      ops::copy_to_host_async(grads_host, grads);
+      ops::host_task([f, n] {
+        host::pool::shared().parallel_for(n, 4096, [&f](std::size_t b, std::size_t e) { run_range(f, b, e); });
+      });
+      ops::copy_from_host_async(out, out_host);
+    };
+  }
+  // f over [b, e) on this thread: its vector path in chunks where it has one
+  // (b is a multiple of the grain, so chunks stay aligned), then the rest.
+  template <class F> static void run_range(const F& f, std::size_t b, std::size_t e) {
+    if constexpr (requires { F::vector_width; }) {
+      constexpr std::size_t V = std::size_t(F::vector_width);
+      if (f.vector_ok) {
+        for (; b + V <= e; b += V) f.template run<int(V), false>(b);
+      }
+    }
+    for (; b < e; ++b) f(b);
+  }
 
   // One pass over the unit's whole optimizer range: the algorithm's own
   // kernel, doing nothing where the device decided to skip.
@@ -361,6 +482,7 @@ private:
   static constexpr std::size_t norm_scalars = 2;  // sum of squares, non-finite count
   buffer<double> acc_{norm_scalars};
   buffer<step_control> ctl_{1};  // the device's decision (detail::decide_step)
+  buffer<step_control> ctl_host_;  // its copy for the host update (offloaded units)
   std::shared_ptr<detail::step_record<B>> pending_;  // the last step, until the host counted it
   std::vector<std::shared_ptr<detail::step_record<B>>> records_;
   long step_ = 0, skipped_ = 0;

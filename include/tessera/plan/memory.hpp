@@ -56,9 +56,13 @@ private:
 
 //! One rank's planned bytes.
 struct rank_memory {
-  memory_plan model;           //!< the wrapper's buffers (what model.planned() reports)
-  std::size_t optimizer = 0;   //!< ShardedOptimizer's state, decay masks and norm scalars (opt.state_bytes())
+  memory_plan model;            //!< the wrapper's buffers (what model.planned() reports)
+  std::size_t optimizer = 0;    //!< ShardedOptimizer's state, decay masks and norm scalars (opt.state_bytes())
+  std::size_t optimizer_host = 0;  //!< its offloaded state and staging in host memory (opt.offloaded_bytes())
+  //! The backend's memory.
   [[nodiscard]] std::size_t total() const noexcept { return model.total() + optimizer; }
+  //! Host memory the offload takes (wrapper_options::offload_optimizer).
+  [[nodiscard]] std::size_t host_total() const noexcept { return model.host_main_weights + optimizer_host; }
 };
 
 namespace detail {
@@ -88,10 +92,10 @@ template <config_type Cfg>
 //! The busiest rank's bytes for config Cfg (wrapper and strategy inside it)
 //! and algorithm A over a shard group of `group` ranks, on a mesh of
 //! `replicas` groups (1: a flat world; under outer<optim> each shard splits
-//! into `replicas` parts). Options as given to the wrapper.
+//! into `replicas` parts). Options as given to the wrapper and the optimizer.
 template <config_type Cfg, optimizer_algorithm A = adamw>
 [[nodiscard]] rank_memory memory(const std::vector<unit_spec>& units, int group, const wrapper_options& o = {},
-                                 int replicas = 1) {
+                                 int replicas = 1, const optimizer_options& oo = {}) {
   const std::vector<unit_layout> ls = plan::layouts<Cfg>(units, group, o, replicas);
   const std::size_t splits = ls.front().splits();
   rank_memory m;
@@ -99,8 +103,11 @@ template <config_type Cfg, optimizer_algorithm A = adamw>
   m.model = tessera::detail::storage<H>::plan(ls, group, o);
   using opt_type = ShardedOptimizer<A, data_parallel_t<H>>;
   for (int r = 0; r < group; ++r)  // ranges are equal; the decay masks may differ by a word
-    for (std::size_t part = 0; part < splits; ++part)
-      m.optimizer = std::max(m.optimizer, opt_type::planned_state_bytes(ls, r, int(part)));
+    for (std::size_t part = 0; part < splits; ++part) {
+      const auto b = opt_type::planned_state(ls, r, int(part), o, oo);
+      m.optimizer = std::max(m.optimizer, b.device);
+      m.optimizer_host = std::max(m.optimizer_host, b.host);
+    }
   return m;
 }
 

@@ -24,6 +24,16 @@ struct wrapper_options {
   //! micro-batch's reduction, so optim_grads and optim_grads_params then take
   //! one micro-batch per step.
   bool lend_grad_shards = false;
+  //! Fraction (0-1) of the optimizer's elements whose main weights and
+  //! optimizer state live in host memory (pinned on CUDA; memory_of<host_resident>()
+  //! counts them) instead of the device: whole units, the last ones first,
+  //! until at least this fraction is offloaded (detail::offloaded_units). The
+  //! last units first because their gradients are final first in backward
+  //! and their weights are needed last in the next forward, which gives their
+  //! updates the most time. ShardedOptimizer updates them on the CPU or
+  //! across PCIe (optimizer_options::offload_update). Where the main weights
+  //! are the compute weights (full_precision) only the optimizer state moves.
+  double offload_optimizer = 0.0;
   //! Debugging aid, for tests and debug builds (also TESSERA_POISON=1 in the
   //! environment): memory the wrapper takes back is filled with NaN and
   //! checked when it is reused, so misuse shows at once instead of as
@@ -55,9 +65,11 @@ struct grad_target {
 };
 
 //! Bytes of model state a wrapper (plus optimizer) holds per rank.
+//! (total(): the backend's memory; host_main_weights: offloaded main weights
+//! in host memory, wrapper_options::offload_optimizer.)
 struct memory_plan {
   std::size_t compute_weights = 0, main_weights = 0, grads = 0, gathered_buffers = 0, reduction_buffers = 0,
-              optimizer_state = 0;
+              optimizer_state = 0, host_main_weights = 0;
   [[nodiscard]] std::size_t total() const noexcept {
     return compute_weights + main_weights + grads + gathered_buffers + reduction_buffers + optimizer_state;
   }

@@ -118,6 +118,12 @@ public:
     return opt_grads(std::size_t(p.unit)).subspan(q.shard_begin, q.count);
   }
 
+  //! Whether unit u's main weights live in host memory and its optimizer
+  //! state belongs there too (wrapper_options::offload_optimizer).
+  [[nodiscard]] bool offloaded(std::size_t u) const { return e_->store().offloaded(checked(u)); }
+  //! The wrapper's options (offload_optimizer, lend_grad_shards, ...).
+  [[nodiscard]] const wrapper_options& options() const noexcept { return e_->options(); }
+
   // ---- buffers over this rank's optimizer range ---------------------------------
   //! Each accessor below first settles the unit's deferred work (see defer),
   //! so what it returns is current on the current stream.

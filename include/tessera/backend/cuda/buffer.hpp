@@ -13,13 +13,27 @@
 
 namespace tessera::cuda {
 
-//! n elements of T in device memory (cudaMalloc: 256-byte aligned), uninitialised.
+//! n elements of T in device memory (cudaMalloc: 256-byte aligned), or with
+//! placement::host in pinned host memory that kernels reach across PCIe
+//! (UVA: the same pointer on both sides; counted in memory_of<host_resident>()),
+//! uninitialised.
 template <class T>
 class buffer {
 public:
   buffer() = default;
-  explicit buffer(std::size_t n) : size_(n) {
+  explicit buffer(std::size_t n, placement where = placement::device) : size_(n), where_(where) {
     if (n == 0) return;
+    if (where == placement::host) {
+      const cudaError_t rc = cudaMallocHost(reinterpret_cast<void**>(&data_), n * sizeof(T));
+      if (rc != cudaSuccess) {
+        (void)cudaGetLastError();
+        data_ = nullptr;
+        tessera::detail::fail(tessera::detail::concat("out of pinned host memory allocating ", n * sizeof(T),
+                                                      " bytes for offloaded state: ", cudaGetErrorString(rc)));
+      }
+      memory_of<host_resident>().add(n * sizeof(T));
+      return;
+    }
     const cudaError_t rc = cudaMalloc(reinterpret_cast<void**>(&data_), n * sizeof(T));
     if (rc != cudaSuccess) {
       (void)cudaGetLastError();
@@ -30,12 +44,14 @@ public:
     }
     memory_of<backend::cuda>().add(n * sizeof(T));
   }
-  buffer(buffer&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  buffer(buffer&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)), where_(o.where_) {}
   buffer& operator=(buffer&& o) noexcept {
     if (this != &o) {
       release();
       data_ = std::exchange(o.data_, nullptr);
       size_ = std::exchange(o.size_, 0);
+      where_ = o.where_;
     }
     return *this;
   }
@@ -46,20 +62,28 @@ public:
   [[nodiscard]] T* data() noexcept { return data_; }
   [[nodiscard]] const T* data() const noexcept { return data_; }
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  [[nodiscard]] placement where() const noexcept { return where_; }
   [[nodiscard]] std::span<T> span() noexcept { return {data_, size_}; }
   [[nodiscard]] std::span<const T> span() const noexcept { return {data_, size_}; }
 
 private:
   void release() noexcept {
     if (data_) {
-      cudaFree(data_);  // implicitly synchronises: no kernel still reads it
-      memory_of<backend::cuda>().sub(size_ * sizeof(T));
+      // Both implicitly synchronise: no kernel still reads the memory.
+      if (where_ == placement::host) {
+        cudaFreeHost(data_);
+        memory_of<host_resident>().sub(size_ * sizeof(T));
+      } else {
+        cudaFree(data_);
+        memory_of<backend::cuda>().sub(size_ * sizeof(T));
+      }
     }
     data_ = nullptr;
     size_ = 0;
   }
   T* data_ = nullptr;
   std::size_t size_ = 0;
+  placement where_ = placement::device;
 };
 
 //! n elements of T in page-locked host memory, for asynchronous staging.

@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cub/block/block_reduce.cuh>
+#include <memory>
 #include <span>
 
 #include "tessera/backend/cuda/buffer.hpp"
@@ -140,21 +141,21 @@ struct backend_ops<backend::cuda> {
   template <class T> static void copy(std::span<T> dst, std::span<const T> src) {
     TESSERA_CHECK(dst.size() == src.size(), "copy of ", src.size(), " elements into ", dst.size());
     if (!src.empty())
-      TESSERA_CUDA(cudaMemcpyAsync(dst.data(), src.data(), src.size_bytes(), cudaMemcpyDeviceToDevice,
+      TESSERA_CUDA(cudaMemcpyAsync(dst.data(), src.data(), src.size_bytes(), cudaMemcpyDefault,
                                    cuda::current_stream()));
   }
   //! Host to device; returns once the host memory may be reused.
   template <class T> static void copy_from_host(std::span<T> dst, std::span<const T> src) {
     TESSERA_CHECK(dst.size() == src.size(), "copy of ", src.size(), " elements into ", dst.size());
     if (src.empty()) return;
-    TESSERA_CUDA(cudaMemcpyAsync(dst.data(), src.data(), src.size_bytes(), cudaMemcpyHostToDevice, cuda::current_stream()));
+    TESSERA_CUDA(cudaMemcpyAsync(dst.data(), src.data(), src.size_bytes(), cudaMemcpyDefault, cuda::current_stream()));
     TESSERA_CUDA(cudaStreamSynchronize(cuda::current_stream()));
   }
   //! Device to host; returns when the values are there.
   template <class T> static void copy_to_host(std::span<T> dst, std::span<const T> src) {
     TESSERA_CHECK(dst.size() == src.size(), "copy of ", src.size(), " elements into ", dst.size());
     if (src.empty()) return;
-    TESSERA_CUDA(cudaMemcpyAsync(dst.data(), src.data(), src.size_bytes(), cudaMemcpyDeviceToHost, cuda::current_stream()));
+    TESSERA_CUDA(cudaMemcpyAsync(dst.data(), src.data(), src.size_bytes(), cudaMemcpyDefault, cuda::current_stream()));
     TESSERA_CUDA(cudaStreamSynchronize(cuda::current_stream()));
   }
 
@@ -163,8 +164,32 @@ struct backend_ops<backend::cuda> {
   template <class T> static void copy_to_host_async(std::span<T> dst, std::span<const T> src) {
     TESSERA_CHECK(dst.size() == src.size(), "copy of ", src.size(), " elements into ", dst.size());
     if (!src.empty())
-      TESSERA_CUDA(cudaMemcpyAsync(dst.data(), src.data(), src.size_bytes(), cudaMemcpyDeviceToHost,
+      TESSERA_CUDA(cudaMemcpyAsync(dst.data(), src.data(), src.size_bytes(), cudaMemcpyDefault,
                                    cuda::current_stream()));
+  }
+  //! Host (staging memory) to device on the current stream without waiting:
+  //! src must stay unchanged until the stream passes the copy.
+  template <class T> static void copy_from_host_async(std::span<T> dst, std::span<const T> src) {
+    TESSERA_CHECK(dst.size() == src.size(), "copy of ", src.size(), " elements into ", dst.size());
+    if (!src.empty())
+      TESSERA_CUDA(cudaMemcpyAsync(dst.data(), src.data(), src.size_bytes(), cudaMemcpyDefault,
+                                   cuda::current_stream()));
+  }
+  //! Host work in stream order (cudaLaunchHostFunc): f runs on the driver's
+  //! callback thread once the current stream reaches it, and the stream's
+  //! later work waits for it. f must not call CUDA and must not throw (an
+  //! exception ends the process: a stream has nobody to report to).
+  template <class F> static void host_task(F f) {
+    auto* p = new F(std::move(f));
+    const cudaError_t rc = cudaLaunchHostFunc(
+        cuda::current_stream(),
+        [](void* q) {
+          std::unique_ptr<F> g(static_cast<F*>(q));
+          (*g)();
+        },
+        p);
+    if (rc != cudaSuccess) delete p;
+    TESSERA_CUDA(rc);
   }
   //! A point in the work issued so far on the current stream: record() sets
   //! it, done() asks whether the work before it finished, wait() blocks the
@@ -202,6 +227,24 @@ struct backend_ops<backend::cuda> {
     if (Mode != cuda::spread::one_per_thread) blocks = std::min<std::size_t>(blocks, cuda::detail::full_grid(threads));
     TESSERA_CHECK(blocks < (std::size_t(1) << 31), "for_each over ", n, " elements exceeds the grid");
     cuda::detail::for_each_vec_kernel<V, Mode, Stream><<<unsigned(blocks), threads, 0, cuda::current_stream()>>>(n, f);
+    TESSERA_CUDA(cudaGetLastError());
+  }
+
+  //! for_each over memory across PCIe (placement::host buffers): a grid of
+  //! `blocks` (enough 16-byte requests in flight to fill the link) instead
+  //! of one chunk per thread, so that the update leaves the SMs to the
+  //! compute stream while it waits on the link.
+  template <class F> static void for_each_streaming(std::size_t n, const F& f, unsigned blocks = 64) {
+    if (n == 0) return;
+    if constexpr (cuda::detail::vector_functor<F>) {
+      if (f.vector_ok) {
+        cuda::detail::for_each_vec_kernel<F::vector_width, cuda::spread::grid_stride, false>
+            <<<blocks, threads, 0, cuda::current_stream()>>>(n, f);
+        TESSERA_CUDA(cudaGetLastError());
+        return;
+      }
+    }
+    cuda::detail::for_each_kernel<<<blocks, threads, 0, cuda::current_stream()>>>(n, f);
     TESSERA_CUDA(cudaGetLastError());
   }
 

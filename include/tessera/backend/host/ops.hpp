@@ -39,6 +39,9 @@ struct backend_ops<backend::host> {
   //! Device to host without waiting (dst: staging memory); the values are
   //! there once a marker recorded after it is reached. Here at once.
   template <class T> static void copy_to_host_async(std::span<T> dst, std::span<const T> src) { copy(dst, src); }
+  template <class T> static void copy_from_host_async(std::span<T> dst, std::span<const T> src) { copy(dst, src); }
+  //! Host work in stream order: here, now.
+  template <class F> static void host_task(F f) { f(); }
 
   //! A point in the work issued so far on the current stream: record() sets
   //! it, done() asks whether the work before it finished, wait() blocks the
@@ -53,6 +56,9 @@ struct backend_ops<backend::host> {
   template <class F> static void for_each(std::size_t n, F f) {
     for (std::size_t i = 0; i < n; ++i) f(i);
   }
+
+  //! for_each over placement::host memory (the same memory here).
+  template <class F> static void for_each_streaming(std::size_t n, F f, unsigned = 0) { for_each(n, f); }
 
   //! acc[0] += sum of squares of the finite elements of x (in double),
   //! acc[1] += number of non-finite elements. acc is backend memory.

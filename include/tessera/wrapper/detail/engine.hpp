@@ -76,6 +76,8 @@ private:
     TESSERA_CHECK(opt.alignment >= 1, "wrapper_options.alignment must be at least 1");
     TESSERA_CHECK(opt.gather_buffers >= 1, "wrapper_options.gather_buffers must be at least 1");
     TESSERA_CHECK(opt.grad_buffers >= 1, "wrapper_options.grad_buffers must be at least 1");
+    TESSERA_CHECK(opt.offload_optimizer >= 0 && opt.offload_optimizer <= 1,
+                  "wrapper_options.offload_optimizer is a fraction from 0 to 1, got ", opt.offload_optimizer);
   }
 
 public:
@@ -92,13 +94,14 @@ public:
     solo_ = rules::solo(comm_.size());
     rows_.prepare(reg_.layouts());
     plan_ = rules::plan(reg_.layouts(), comm_.size(), opt_);
-    store_.allocate(reg_, comm_, solo_, opt_.lend_grad_shards, outer_.communicator());
+    store_.allocate(reg_, comm_, solo_, opt_.lend_grad_shards, opt_.offload_optimizer, outer_.communicator());
     units_.resize(store_.size());
     deferred_.resize(store_.size());
     outer_.resize(store_.size());
     allocate_pools();
   }
   [[nodiscard]] const memory_plan& planned() const { return reg_.require_final("planned()"), plan_; }
+  [[nodiscard]] const wrapper_options& options() const noexcept { return opt_; }
   [[nodiscard]] int rank() const { return comm_.rank(); }
   [[nodiscard]] int world() const { return comm_.size(); }
   [[nodiscard]] comm::handle<backend_type>& communicator() noexcept { return comm_; }

@@ -29,6 +29,22 @@
 
 namespace tessera::detail {
 
+//! Which units wrapper_options::offload_optimizer moves to host memory: whole
+//! units from the last backwards until at least `fraction` of all padded
+//! elements are offloaded (the same on every rank: padded sizes are).
+inline std::vector<bool> offloaded_units(const std::vector<unit_layout>& units, double fraction) {
+  std::vector<bool> out(units.size(), false);
+  if (!(fraction > 0)) return out;
+  std::size_t total = 0, moved = 0;
+  for (auto& u : units) total += u.padded_numel();
+  const double want = std::min(fraction, 1.0) * double(total);
+  for (std::size_t i = units.size(); i-- > 0 && double(moved) < want;) {
+    out[i] = true;
+    moved += units[i].padded_numel();
+  }
+  return out;
+}
+
 template <config_type Cfg>
 struct storage {
   using strategy = typename Cfg::strategy;
@@ -94,12 +110,14 @@ struct storage {
     std::size_t max_padded = 0;
     const bool alone = solo(world);
     const bool permuted = !units.empty() && units.front().permuted();
-    for (auto& u : units) {
+    const std::vector<bool> offloaded = offloaded_units(units, o.offload_optimizer);
+    for (std::size_t i = 0; i < units.size(); ++i) {
+      const unit_layout& u = units[i];
       const std::size_t full = u.padded_numel(), shard = u.shard_numel();
       const std::size_t opt_n = strategy::shards_optimizer ? shard / u.splits() : full;
       max_padded = std::max(max_padded, full);
       p.compute_weights += (strategy::shards_params ? shard : full) * sizeof(C);
-      if (!main_aliases_compute) p.main_weights += opt_n * sizeof(M);
+      if (!main_aliases_compute) (offloaded[i] ? p.host_main_weights : p.main_weights) += opt_n * sizeof(M);
       if (persistent_full_grads || alone) p.grads += full * sizeof(G);
       if (strategy::shards_optimizer && !alone && !o.lend_grad_shards) p.grads += shard * sizeof(G);
       if (u.splits() > 1) p.grads += opt_n * sizeof(G);  // outer<optim>: the part reduce-scattered across replicas

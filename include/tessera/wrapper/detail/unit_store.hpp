@@ -49,20 +49,29 @@ public:
   //! Allocates every unit's buffers (after the registry is finalized); `solo`:
   //! one rank holds everything; `outer`: the replica group of a mesh (empty on
   //! a flat world), whose rank is this rank's part of a split shard.
-  void allocate(const unit_registry& reg, comm::handle<B> c, bool solo, bool lend_shards,
+  //! `offload`: wrapper_options::offload_optimizer.
+  void allocate(const unit_registry& reg, comm::handle<B> c, bool solo, bool lend_shards, double offload,
                 comm::handle<B> outer = {}) {
     reg_ = &reg;
     comm_ = c;
     outer_ = outer;
     part_ = Cfg::outer_type::splits_optimizer && outer ? outer.rank() : 0;
     solo_ = solo;
-    for (const auto& L : reg.layouts()) {
+    offloaded_ = offloaded_units(reg.layouts(), offload);
+    if constexpr (!rules::main_aliases_compute) {
+      std::size_t host = 0;
+      for (std::size_t i = 0; i < offloaded_.size(); ++i)
+        if (offloaded_[i]) host += rules::opt_range(reg.layouts()[i], c.rank(), part_).second * sizeof(M);
+      check_host_room(host, "offloading the main weights (wrapper_options::offload_optimizer)");
+    }
+    for (std::size_t i = 0; i < reg.layouts().size(); ++i) {
+      const unit_layout& L = reg.layouts()[i];
       unit st;
       st.weights = strategy::shards_params ? comm_buffer<C, B>(c, L.shard_numel(), !solo)
                                            : comm_buffer<C, B>(c, L.padded_numel(), false);
       ops::fill(st.weights.span(), C{});
       if constexpr (!rules::main_aliases_compute) {
-        st.main = buffer<M>(rules::opt_range(L, c.rank(), part_).second);
+        st.main = buffer<M>(rules::opt_range(L, c.rank(), part_).second, offloaded_[i] ? placement::host : placement::device);
         ops::fill(st.main.span(), M{});
       }
       if (has_full_grads()) {
@@ -82,6 +91,8 @@ public:
     }
   }
   [[nodiscard]] std::size_t size() const noexcept { return units_.size(); }
+  //! Whether unit u's main weights (and its optimizer state) live in host memory.
+  [[nodiscard]] bool offloaded(std::size_t u) const { return offloaded_.at(u); }
   [[nodiscard]] unit& operator[](std::size_t u) { return units_.at(u); }
   [[nodiscard]] const unit& operator[](std::size_t u) const { return units_.at(u); }
   //! Gradients live in a persistent full buffer (else in reduction slots).
@@ -225,6 +236,7 @@ private:
   comm::handle<B> comm_, outer_;
   int part_ = 0;
   std::vector<unit> units_;
+  std::vector<bool> offloaded_;
   bool solo_ = false;
 };
 
