@@ -56,7 +56,7 @@ struct bench_options {
   std::string outer = "no_shard";  // across its replica groups: no_shard (HSDP) or optim (HFSDP)
   std::string overlap_updates = "on";  // optimizer_options::overlap_updates
   double offload = 0;                  // wrapper_options::offload_optimizer
-  std::string offload_update = "host";  // optimizer_options::offload_update
+  std::string offload_update = "device";  // optimizer_options::offload_update
 };
 
 std::size_t device_in_use() {
@@ -220,8 +220,8 @@ strategy_result run_strategy(const bench_options& o, const model_shape& s, Comm&
     mlp_lm::init_model(model, ids, s, 1);
     ShardedOptimizer opt(model, adamw{.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1},
                          optimizer_options{.clip_norm = o.clip, .overlap_updates = o.overlap_updates == "on",
-                                           .offload_update = o.offload_update == "device" ? update_site::device
-                                                                                          : update_site::host});
+                                           .offload_update = o.offload_update == "host" ? update_site::host
+                                                                                        : update_site::device});
     res.offloaded = model.planned().host_main_weights + opt.offloaded_bytes();
     const long per_mb = o.tokens / o.accum;
     const long lo = per_mb * r / N, hi = per_mb * (r + 1) / N;

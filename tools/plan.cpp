@@ -37,7 +37,7 @@ struct options {
               backend = "cuda";
   bool recompute_gelu = false, lend_grad_shards = false, json = false;
   double gpu_memory_gib = 0, offload = 0;
-  std::string offload_update = "host";
+  std::string offload_update = "device";
 };
 
 template <class Cfg>
@@ -49,7 +49,7 @@ int plan_memory(const options& o) {
   const int S = o.shard_group > 0 ? o.shard_group : o.gpus, R = o.gpus / S;
   const wrapper_options wo{.gather_buffers = o.gather_buffers, .lend_grad_shards = o.lend_grad_shards,
                            .offload_optimizer = o.offload};
-  const optimizer_options oo{.offload_update = o.offload_update == "device" ? update_site::device : update_site::host};
+  const optimizer_options oo{.offload_update = o.offload_update == "host" ? update_site::host : update_site::device};
   if (o.lend_grad_shards && o.accum > 1 && Cfg::strategy::shards_grads)
     throw tessera::error("--lend-grad-shards holds one micro-batch's reduction under optim_grads and "
                          "optim_grads_params; use --accum 1");

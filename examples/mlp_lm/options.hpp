@@ -23,7 +23,7 @@ struct options {
   std::string order_check = "auto";  // auto: on over MPI, off over NCCL
   std::string overlap_updates = "on";  // optimizer_options::overlap_updates
   double offload = 0;                  // wrapper_options::offload_optimizer
-  std::string offload_update = "host";  // optimizer_options::offload_update
+  std::string offload_update = "device";  // optimizer_options::offload_update
   std::uint64_t seed = 1;
   std::string data, save, load, dump_weights;
   std::string shard_group, outer = "no_shard";  // mesh: "" = flat world, "node", or S ranks per shard group
@@ -68,7 +68,7 @@ inline int parse(int argc, char** argv, options& o) {
       ->check(CLI::Range(0.0, 1.0));
   app.add_option("--offload-update", o.offload_update,
                  "where offloaded units update: host (the CPU's cores; PCIe carries gradients and bf16 weights) or "
-                 "device (the GPU reading the host-resident state across PCIe)")
+                 "device (default: the GPU reading the host-resident state across PCIe; 3.5x faster on an H200 at 1B)")
       ->check(CLI::IsMember({"host", "device"}));
   app.add_option("--wrapper", o.wrapper, "ddp, fsdp (flat shards) or fsdp2 (per-parameter row shards; optim_grads_params)")
       ->check(CLI::IsMember({"ddp", "fsdp", "fsdp2"}));

@@ -35,14 +35,17 @@ struct optimizer_options {
   //! issued on the current stream in step().
   bool overlap_updates = true;
   //! Where offloaded units (wrapper_options::offload_optimizer) are updated:
+  //! `device` (the default): the algorithm's kernel on the GPU reading and
+  //! writing the host-resident state across PCIe (12 + 12 bytes per AdamW
+  //! element; a narrow grid, so it leaves SMs to the compute stream);
   //! `host`: their gradients copied to pinned memory, the algorithm's own
   //! functor over every core (host::pool), the new compute weights copied
-  //! back, all in stream order (PCIe carries gradients and compute weights:
-  //! 4 + 2 bytes per fp32/bf16 element); `device`: the algorithm's kernel on
-  //! the GPU reading and writing the host-resident state across PCIe (12 + 12
-  //! bytes per AdamW element). Units whose main weights are the compute
-  //! weights (full_precision) always take `device`.
-  update_site offload_update = update_site::host;
+  //! back, all in stream order (PCIe carries 4 + 2 bytes per fp32/bf16
+  //! element; host memory 30). On an H200 with 16 cores (86 GB/s of host
+  //! memory, 55 GB/s of PCIe each way) the device update measured 3.5 times
+  //! faster at 1B (bench/RESULTS.md), hence the default. Units whose main
+  //! weights are the compute weights (full_precision) always take `device`.
+  update_site offload_update = update_site::device;
 };
 
 //! What one step did.
