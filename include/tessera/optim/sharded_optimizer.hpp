@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "tessera/backend/host/pool.hpp"
+#include "tessera/backend/memory.hpp"
 #include "tessera/backend/ops.hpp"
 #include "tessera/comm/communicator.hpp"
 #include "tessera/core/vec.hpp"
@@ -42,8 +43,8 @@ struct optimizer_options {
   //! functor over every core (host::pool), the new compute weights copied
   //! back, all in stream order (PCIe carries 4 + 2 bytes per fp32/bf16
   //! element; host memory 30). On an H200 with 16 cores (86 GB/s of host
-  //! memory, 55 GB/s of PCIe each way) the device update measured 3.5 times
-  //! faster at 1B (bench/RESULTS.md), hence the default. Units whose main
+  //! memory, 55 GB/s of PCIe each way) the device update measured 2.8 times
+  //! faster at 1B (372 against 1027 ms a step; bench/RESULTS.md), hence the default. Units whose main
   //! weights are the compute weights (full_precision) always take `device`.
   update_site offload_update = update_site::device;
 };
@@ -352,8 +353,11 @@ public:
     if (ctl_host_.size()) ops::copy_to_host_async(ctl_host_.span(), std::span<const step_control>(ctl_.span()));
     for (std::size_t u = 0; u < units_.size(); ++u) {
       std::function<void()> update;
-      if (units_[u].on_host) {
-        update = host_update_of(u, rec->r);
+      if (units_[u].on_host) {  // queued on side streams now; the wait is what settling runs
+        std::function<void()> wait = queue_host_update(u, rec->r);
+        if (defer) e_.defer(u, std::move(wait));
+        else wait();
+        continue;
       } else {
         const auto k = kernel(u, rec->r);
         const std::size_t n = e_.opt_range(u).second;
@@ -404,11 +408,14 @@ private:
     return b;
   }
 
-  // Unit u's update on the host, in stream order on the current stream: its
-  // gradients to pinned memory, the algorithm's functor over every core (the
-  // driver's callback thread hands the range to host::pool), the new compute
-  // weights back to the device.
-  std::function<void()> host_update_of(std::size_t u, const step_result& r) {
+  // Unit u's update on the host, queued in stream order after the work
+  // issued so far: its gradients to pinned memory on side lane 1, then on lane
+  // 2 (once they are there) the algorithm's functor over every core (the
+  // driver's callback thread hands the range to host::pool) and the new
+  // compute weights back to the device. Two lanes, so that unit u + 1's
+  // gradients copy while the CPU updates unit u. Returns what makes the
+  // current stream wait for all of it.
+  std::function<void()> queue_host_update(std::size_t u, const step_result& r) {
     auto& st = units_[u];
     const std::size_t n = e_.opt_range(u).second;
     M* state[Algorithm::state_count];
@@ -422,23 +429,18 @@ private:
     const std::span<G> grads_host = st.grads_host.span();
     const std::span<C> out(e_.compute_out(u), n);
     const std::span<const C> out_host = st.compute_host.span();
-    return [f, n, grads, grads_host, out, out_host] {
-      ops::copy_to_host_async(grads_host, grads);
+    auto down = ops::template after<1>([] {}, [grads, grads_host] { ops::copy_to_host_async(grads_host, grads); });
+    return ops::template after<2>(std::move(down), [f, n, out, out_host] {
       ops::host_task([f, n] {
         host::pool::shared().parallel_for(n, 4096, [&f](std::size_t b, std::size_t e) { run_range(f, b, e); });
       });
       ops::copy_from_host_async(out, out_host);
-    };
+    });
   }
-  // f over [b, e) on this thread: its vector path in chunks where it has one
-  // (b is a multiple of the grain, so chunks stay aligned), then the rest.
+  // f over [b, e) on this thread, element by element: on the host the
+  // functor's vector path (vec<T, V> loops) measured 1.8 times slower than
+  // the scalar one (g++ -O3: 4.4 against 2.4 ns per AdamW element).
   template <class F> static void run_range(const F& f, std::size_t b, std::size_t e) {
-    if constexpr (requires { F::vector_width; }) {
-      constexpr std::size_t V = std::size_t(F::vector_width);
-      if (f.vector_ok) {
-        for (; b + V <= e; b += V) f.template run<int(V), false>(b);
-      }
-    }
     for (; b < e; ++b) f(b);
   }
 

@@ -265,7 +265,8 @@ struct backend_ops<backend::cuda> {
   //! copy-out runs as soon as the gather lands, while the compute stream works
   //! on the unit before; the host does not wait. Each `Lane` has its own side
   //! stream (0: gathers' copies; 1: the optimizer's deferred updates, which
-  //! would otherwise hold copy-outs up behind them).
+  //! would otherwise hold copy-outs up behind them; 2: offloaded units' host updates,
+  //! behind their gradients' copies on lane 1).
   template <int Lane = 0, class Wait, class Then> static auto after(Wait wait, Then then) {
     auto& side = detail_side<Lane>();
     const cudaStream_t compute = cuda::current_stream();

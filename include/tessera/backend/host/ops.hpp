@@ -76,7 +76,8 @@ struct backend_ops<backend::host> {
   //! Work that must follow an asynchronous operation: returns a callable that
   //! waits for it (`wait`) and then runs `then`. Here both run when the
   //! callable is called; the CUDA backend queues them at once on side stream
-  //! `Lane` (0: gathers' copies, 1: the optimizer's deferred updates).
+  //! `Lane` (0: gathers' copies, 1: the optimizer's deferred updates, 2: offloaded
+  //! units' host updates).
   template <int Lane = 0, class Wait, class Then> static auto after(Wait wait, Then then) {
     return [wait = std::move(wait), then = std::move(then)]() mutable {
       wait();

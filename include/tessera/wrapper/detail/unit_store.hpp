@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "tessera/backend/memory.hpp"
 #include "tessera/backend/ops.hpp"
 #include "tessera/comm/communicator.hpp"
 #include "tessera/comm/trace.hpp"
