@@ -34,6 +34,7 @@
 #include "mlp_lm/data.hpp"
 #include "mlp_lm/gpu_placement.hpp"
 #include "mlp_lm/model.hpp"
+#include "mlp_lm/offload_flags.hpp"
 #include "common.cuh"
 #include "tessera/tessera.hpp"
 
@@ -220,8 +221,7 @@ strategy_result run_strategy(const bench_options& o, const model_shape& s, Comm&
     mlp_lm::init_model(model, ids, s, 1);
     ShardedOptimizer opt(model, adamw{.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1},
                          optimizer_options{.clip_norm = o.clip, .overlap_updates = o.overlap_updates == "on",
-                                           .offload_update = o.offload_update == "host" ? update_site::host
-                                                                                        : update_site::device});
+                                           .offload_update = mlp_lm::update_site_of(o.offload_update)});
     res.offloaded = model.planned().host_main_weights + opt.offloaded_bytes();
     const long per_mb = o.tokens / o.accum;
     const long lo = per_mb * r / N, hi = per_mb * (r + 1) / N;
@@ -405,13 +405,7 @@ int main(int argc, char** argv) {
                  "on: each unit's update runs on a side stream in the next forward's shadow (optimizer_options::"
                  "overlap_updates); off: every update at the end of the step")
       ->check(CLI::IsMember({"on", "off"}));
-  app.add_option("--offload-optimizer", o.offload,
-                 "fraction of the optimizer in host memory (wrapper_options::offload_optimizer; no value: 1)")
-      ->expected(0, 1)
-      ->default_str("1")
-      ->check(CLI::Range(0.0, 1.0));
-  app.add_option("--offload-update", o.offload_update, "host or device (optimizer_options::offload_update)")
-      ->check(CLI::IsMember({"host", "device"}));
+  mlp_lm::add_offload_options(app, o.offload, o.offload_update);
   app.add_option("--gemm-sms", o.gemm_sms,
                  "SMs each GEMM is shaped for when collectives overlap it (0: all; -1: all but --nccl-ctas)");
   app.add_option("--gather-buffers", o.gather_buffers,

@@ -24,6 +24,7 @@
 #include "mlp_lm/configs.hpp"
 #include "mlp_lm/host_compute.hpp"
 #include "mlp_lm/model.hpp"
+#include "mlp_lm/offload_flags.hpp"
 #include "mlp_lm/workspace.hpp"
 #include "tessera/plan/memory.hpp"
 #include "tessera/policy/config.hpp"
@@ -49,7 +50,7 @@ int plan_memory(const options& o) {
   const int S = o.shard_group > 0 ? o.shard_group : o.gpus, R = o.gpus / S;
   const wrapper_options wo{.gather_buffers = o.gather_buffers, .lend_grad_shards = o.lend_grad_shards,
                            .offload_optimizer = o.offload};
-  const optimizer_options oo{.offload_update = o.offload_update == "host" ? update_site::host : update_site::device};
+  const optimizer_options oo{.offload_update = mlp_lm::update_site_of(o.offload_update)};
   if (o.lend_grad_shards && o.accum > 1 && Cfg::strategy::shards_grads)
     throw tessera::error("--lend-grad-shards holds one micro-batch's reduction under optim_grads and "
                          "optim_grads_params; use --accum 1");
@@ -166,13 +167,7 @@ int main(int argc, char** argv) {
   mem->add_flag("--recompute-gelu", o.recompute_gelu);
   mem->add_flag("--lend-grad-shards", o.lend_grad_shards,
                 "gradient shards in the CUDA trainer's activations (wrapper_options::lend_grad_shards)");
-  mem->add_option("--offload-optimizer", o.offload,
-                  "fraction of the optimizer in host memory (wrapper_options::offload_optimizer; no value: 1)")
-      ->expected(0, 1)
-      ->default_str("1")
-      ->check(CLI::Range(0.0, 1.0));
-  mem->add_option("--offload-update", o.offload_update, "host or device (optimizer_options::offload_update)")
-      ->check(CLI::IsMember({"host", "device"}));
+  mlp_lm::add_offload_options(*mem, o.offload, o.offload_update);
   mem->add_option("--backend", o.backend, "whose activations: cuda (the GPU trainer) or host")
       ->check(CLI::IsMember({"cuda", "host"}));
   mem->add_option("--gpu-memory", o.gpu_memory_gib, "GiB per GPU to fit in (exit 3 when it does not)")

@@ -9,6 +9,7 @@
 #include <string>
 #include <type_traits>
 
+#include "mlp_lm/offload_flags.hpp"
 #include "tessera/policy/config.hpp"
 
 namespace mlp_lm {
@@ -60,16 +61,7 @@ inline int parse(int argc, char** argv, options& o) {
                  "on: each unit's optimizer update runs in the next forward's shadow, just before the unit is needed "
                  "(a side stream on the cuda backend); off: every update at the end of the step")
       ->check(CLI::IsMember({"on", "off"}));
-  app.add_option("--offload-optimizer", o.offload,
-                 "this fraction of the optimizer (main weights and AdamW state; the last units first) lives in host "
-                 "memory; without a value: all of it")
-      ->expected(0, 1)
-      ->default_str("1")
-      ->check(CLI::Range(0.0, 1.0));
-  app.add_option("--offload-update", o.offload_update,
-                 "where offloaded units update: host (the CPU's cores; PCIe carries gradients and bf16 weights) or "
-                 "device (default: the GPU reading the host-resident state across PCIe; 2.8x faster on an H200 at 1B)")
-      ->check(CLI::IsMember({"host", "device"}));
+  add_offload_options(app, o.offload, o.offload_update);
   app.add_option("--wrapper", o.wrapper, "ddp, fsdp (flat shards) or fsdp2 (per-parameter row shards; optim_grads_params)")
       ->check(CLI::IsMember({"ddp", "fsdp", "fsdp2"}));
   app.add_option("--strategy", o.strategy, "no_shard, optim, optim_grads or optim_grads_params")

@@ -167,8 +167,7 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
   init_model(model, ids, shape, o.seed);
   ShardedOptimizer opt(model, adamw{.lr = o.lr, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = o.weight_decay},
                        optimizer_options{.clip_norm = o.clip, .overlap_updates = o.overlap_updates == "on",
-                                         .offload_update = o.offload_update == "device" ? update_site::device
-                                                                                        : update_site::host});
+                                         .offload_update = update_site_of(o.offload_update)});
   if (o.warmup > 0)
     opt.set_schedule([w = o.warmup](long step, double lr) { return lr * std::min(1.0, double(step) / w); });
 

@@ -207,9 +207,7 @@ public:
     {
       std::size_t host = 0;  // what the loop below places in host memory, before it allocates
       for (std::size_t u = 0; u < e_.num_units(); ++u)
-        if (e_.offloaded(u))
-          host += e_.opt_range(u).second * (std::size_t(Algorithm::state_count) * sizeof(M) +
-                                            (host_update(true, opt.offload_update) ? sizeof(G) + sizeof(C) : 0));
+        if (e_.offloaded(u)) host += offloaded_unit_bytes(e_.opt_range(u).second, opt.offload_update);
       detail::check_host_room(host, "offloading the optimizer state (wrapper_options::offload_optimizer)");
     }
     for (std::size_t u = 0; u < e_.num_units(); ++u) {
@@ -278,9 +276,13 @@ public:
       unsigned shift = 0;
       const auto bits = detail::decay_mask_bits(L, n, [&](std::size_t t) { return rules::range_piece(L, t, rank, part); }, shift);
       b.device += bits.size() * sizeof(std::uint32_t);
-      (off[u] ? b.host : b.device) += std::size_t(Algorithm::state_count) * n * sizeof(M);
-      if (host_update(off[u], oo.offload_update)) {
-        b.host += n * (sizeof(G) + sizeof(C)) + bits.size() * sizeof(std::uint32_t);
+      if (!off[u]) {
+        b.device += std::size_t(Algorithm::state_count) * n * sizeof(M);
+        continue;
+      }
+      b.host += offloaded_unit_bytes(n, oo.offload_update);
+      if (host_update(true, oo.offload_update)) {
+        b.host += bits.size() * sizeof(std::uint32_t);
         control = true;
       }
     }
@@ -352,19 +354,19 @@ public:
     // stream order before any unit's update is queued.
     if (ctl_host_.size()) ops::copy_to_host_async(ctl_host_.span(), std::span<const step_control>(ctl_.span()));
     for (std::size_t u = 0; u < units_.size(); ++u) {
-      std::function<void()> update;
       if (units_[u].on_host) {  // queued on side streams now; the wait is what settling runs
         std::function<void()> wait = queue_host_update(u, rec->r);
         if (defer) e_.defer(u, std::move(wait));
         else wait();
         continue;
-      } else {
-        const auto k = kernel(u, rec->r);
-        const std::size_t n = e_.opt_range(u).second;
-        if (e_.offloaded(u)) update = [k, n] { ops::for_each_streaming(n, k); };
-        else update = [k, n] { ops::for_each(n, k); };
       }
-      if (defer) e_.defer(u, ops::template after<1>([] {}, std::move(update)));
+      const auto k = kernel(u, rec->r);
+      const std::size_t n = e_.opt_range(u).second;
+      const auto update = [k, n, across_pcie = e_.offloaded(u)] {
+        if (across_pcie) ops::for_each_streaming(n, k);
+        else ops::for_each(n, k);
+      };
+      if (defer) e_.defer(u, ops::template after<1>([] {}, update));
       else update();
     }
     if (!defer) e_.publish_weights(/*converted=*/true);
@@ -389,6 +391,11 @@ private:
   // weights of their own to copy back (else the main weights are on the device).
   static bool host_update(bool offloaded, update_site where) noexcept {
     return offloaded && where == update_site::host && !std::is_same_v<C, M>;
+  }
+  // Host bytes of an offloaded unit whose optimizer range has n elements:
+  // its state, and the host update's staging of gradients and compute weights.
+  static std::size_t offloaded_unit_bytes(std::size_t n, update_site where) noexcept {
+    return n * (std::size_t(Algorithm::state_count) * sizeof(M) + (host_update(true, where) ? sizeof(G) + sizeof(C) : 0));
   }
   std::size_t held(placement where) const noexcept {
     std::size_t b = 0;

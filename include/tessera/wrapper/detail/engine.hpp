@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "tessera/backend/memory.hpp"
 #include "tessera/backend/ops.hpp"
 #include "tessera/comm/communicator.hpp"
 #include "tessera/comm/trace.hpp"
@@ -94,6 +95,7 @@ public:
     solo_ = rules::solo(comm_.size());
     rows_.prepare(reg_.layouts());
     plan_ = rules::plan(reg_.layouts(), comm_.size(), opt_);
+    check_host_room(plan_.host_main_weights, "offloading the main weights (wrapper_options::offload_optimizer)");
     store_.allocate(reg_, comm_, solo_, opt_.lend_grad_shards, opt_.offload_optimizer, outer_.communicator());
     units_.resize(store_.size());
     deferred_.resize(store_.size());

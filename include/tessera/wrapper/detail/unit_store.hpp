@@ -59,12 +59,6 @@ public:
     part_ = Cfg::outer_type::splits_optimizer && outer ? outer.rank() : 0;
     solo_ = solo;
     offloaded_ = offloaded_units(reg.layouts(), offload);
-    if constexpr (!rules::main_aliases_compute) {
-      std::size_t host = 0;
-      for (std::size_t i = 0; i < offloaded_.size(); ++i)
-        if (offloaded_[i]) host += rules::opt_range(reg.layouts()[i], c.rank(), part_).second * sizeof(M);
-      check_host_room(host, "offloading the main weights (wrapper_options::offload_optimizer)");
-    }
     for (std::size_t i = 0; i < reg.layouts().size(); ++i) {
       const unit_layout& L = reg.layouts()[i];
       unit st;
