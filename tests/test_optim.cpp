@@ -121,6 +121,12 @@ BOOST_AUTO_TEST_CASE(memory_plan_equals_allocation) {
   check_plan<config<optim_grads_params, fsdp, mixed_precision<bf16, float>>>();
   check_plan<config<optim_grads_params, fsdp2, mixed_precision<bf16, float>>>();
   check_plan<config<optim_grads_params, fsdp2>>();  // gradients in the wire type: a copy-in buffer still
+  // exact_reduction: accumulators, limb buffers, the scales and the norm's limbs
+  check_plan<config<no_shard, ddp, exact_reduction>>();
+  check_plan<config<optim, fsdp, mixed_precision<bf16, float>, exact_reduction>>();
+  check_plan<config<optim_grads, ddp, exact_reduction>>();
+  check_plan<config<optim_grads_params, fsdp, mixed_precision<bf16, float>, exact_reduction>>();
+  check_plan<config<optim_grads_params, fsdp2, exact_reduction>>();
 }
 
 // ---- the optimizer is open: a third algorithm written outside optim/ -------------

@@ -36,7 +36,8 @@ struct options {
   long tokens = 1024;
   std::string wrapper = "fsdp", strategy = "optim_grads_params", precision = "bf16", outer = "no_shard",
               backend = "cuda";
-  bool recompute_gelu = false, lend_grad_shards = false, json = false;
+  bool recompute_gelu = false, lend_grad_shards = false, json = false, deterministic = false;
+  long micro_tokens = 0;  // --deterministic: tokens per fixed micro-batch
   double gpu_memory_gib = 0, offload = 0;
   std::string offload_update = "device";
 };
@@ -60,6 +61,7 @@ int plan_memory(const options& o) {
   const long per = o.tokens / o.accum;
   std::size_t n = 0;
   for (int r = 0; r < o.gpus; ++r) n = std::max(n, std::size_t(per * (r + 1) / o.gpus - per * r / o.gpus));
+  if (o.deterministic) n = std::size_t(o.micro_tokens);  // whole micro-batches per rank
   n = std::max<std::size_t>(n, 1);
   const bool cuda = o.backend == "cuda";
   const std::size_t act =
@@ -134,7 +136,13 @@ int plan_memory(const options& o) {
 template <class P>
 int dispatch(const options& o) {
   const auto plan = [&]<class Cfg>() { return plan_memory<Cfg>(o); };
-  if (const auto rc = mlp_lm::with_config<P, tessera::backend::host>(o.wrapper, o.strategy, o.outer, plan)) return *rc;
+  if (o.deterministic) {
+    if (const auto rc = mlp_lm::with_config<P, tessera::backend::host, tessera::exact_reduction>(o.wrapper, o.strategy,
+                                                                                                  o.outer, plan))
+      return *rc;
+  } else if (const auto rc = mlp_lm::with_config<P, tessera::backend::host>(o.wrapper, o.strategy, o.outer, plan)) {
+    return *rc;
+  }
   std::fprintf(stderr, "tessera: --wrapper %s --strategy %s --outer %s is not a valid combination (ddp runs no_shard, "
                        "optim, optim_grads; fsdp2 optim_grads_params; --outer optim is compiled for --wrapper fsdp "
                        "--strategy optim_grads_params, as in tessera-mlp-lm)\n",
@@ -172,6 +180,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"cuda", "host"}));
   mem->add_option("--gpu-memory", o.gpu_memory_gib, "GiB per GPU to fit in (exit 3 when it does not)")
       ->check(CLI::NonNegativeNumber);
+  mem->add_flag("--deterministic", o.deterministic, "exact_reduction with fixed micro-batches (the trainer's --deterministic)");
+  mem->add_option("--micro-tokens", o.micro_tokens, "--deterministic: tokens per micro-batch")->check(CLI::Range(1L, 1L << 30));
   mem->add_flag("--json", o.json);
   CLI11_PARSE(app, argc, argv);
   try {
@@ -181,7 +191,13 @@ int main(int argc, char** argv) {
       throw tessera::error("--shard-group " + std::to_string(S) + " does not divide --gpus " + std::to_string(o.gpus));
     if (o.outer == "optim" && o.shard_group == 0) throw tessera::error("--outer optim needs --shard-group");
     if (o.lend_grad_shards && o.backend != "cuda") throw tessera::error("--lend-grad-shards is the cuda trainer's");
-    if (o.tokens / o.accum < o.gpus)
+    if (o.deterministic) {
+      if (o.micro_tokens <= 0 || o.tokens % o.micro_tokens != 0 || (o.tokens / o.micro_tokens) % o.gpus != 0)
+        throw tessera::error("--deterministic needs --micro-tokens M dividing --tokens into a multiple of --gpus "
+                             "micro-batches");
+      if (o.shard_group > 0) throw tessera::error("--deterministic runs on a flat world (no --shard-group)");
+      o.accum = int(o.tokens / o.micro_tokens / o.gpus);  // per rank, as the trainer runs them
+    } else if (o.tokens / o.accum < o.gpus)
       throw tessera::error("--tokens / --accum gives fewer tokens than ranks (" + std::to_string(o.tokens / o.accum) +
                            " for " + std::to_string(o.gpus) + ")");
     return o.precision == "bf16" ? dispatch<tessera::mixed_precision<tessera::bf16, float>>(o)

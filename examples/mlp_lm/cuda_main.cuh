@@ -23,11 +23,16 @@ struct cuda_usage final : device_usage {
   [[nodiscard]] std::size_t used() const override { return in_use() - baseline; }
 };
 
-inline int run_cuda(const options& o_in, tessera::comm::mpi& world) {
+//! R: the reduction policy (exact_reduction under --deterministic).
+template <class R>
+int run_cuda(const options& o_in, tessera::comm::mpi& world) {
   using namespace tessera;
   const gpu_placement where = place_on_gpu(world.rank());
   const std::string which = where.communicator(o_in.comm);
   options o = o_in;
+  // --deterministic: every GEMM shaped for the whole GPU unless asked (a
+  // shape for fewer SMs beside NCCL is another kernel, other bits).
+  if (o.deterministic && o.gemm_sms < 0) o.gemm_sms = 0;
   o.gemm_sms = where.gemm_sms(o.gemm_sms, which == "nccl" ? o.nccl_ctas : 0, world.size());
   tessera::cuda::stream compute;
   tessera::cuda::set_current_stream(compute.get());
@@ -42,11 +47,11 @@ inline int run_cuda(const options& o_in, tessera::comm::mpi& world) {
                                            .max_ctas = o.nccl_ctas,
                                            .copy_engine_gathers = o.copy_engine_gathers});
     usage.baseline = cuda_usage::in_use();
-    return dispatch<backend::cuda, cuda_mlp>(o, world, c, usage, tessera::cuda::matmul_workspace_bytes());
+    return dispatch<backend::cuda, cuda_mlp, R>(o, world, c, usage, tessera::cuda::matmul_workspace_bytes());
   }
   comm::mpi_device c(comm::mpi_options{.timeout_s = o.timeout, .order_check = o.order_check != "off"});
   usage.baseline = cuda_usage::in_use();
-  return dispatch<backend::cuda, cuda_mlp>(o, world, c, usage, tessera::cuda::matmul_workspace_bytes());
+  return dispatch<backend::cuda, cuda_mlp, R>(o, world, c, usage, tessera::cuda::matmul_workspace_bytes());
 }
 
 }  // namespace mlp_lm

@@ -5,19 +5,7 @@
 // CUDA backend too.
 #include <cstdio>
 
-#include "tessera/core/config.hpp"
-#include "mlp_lm/host_compute.hpp"
-#include "options.hpp"
-#include "trainer.hpp"
-#if TESSERA_CUDA_COMPILER
-#include "cuda_main.cuh"
-#endif
-
-namespace mlp_lm {
-struct host_usage final : device_usage {
-  [[nodiscard]] std::size_t used() const override { return tessera::memory_of<tessera::backend::host>().peak(); }
-};
-}  // namespace mlp_lm
+#include "run.hpp"
 
 int main(int argc, char** argv) {
   mlp_lm::options o;
@@ -28,14 +16,6 @@ int main(int argc, char** argv) {
     const bool check_order = o.order_check != "off";  // MPI: auto = on
     tessera::comm::mpi world(tessera::comm::mpi_options{.timeout_s = o.timeout, .order_check = check_order});
     mlp_lm::agree_on_options(world, o);
-    if (o.backend == "cuda") {
-#if TESSERA_CUDA_COMPILER
-      return mlp_lm::run_cuda(o, world);
-#else
-      throw tessera::error("this build of tessera-mlp-lm has no CUDA backend (configure with CUDA)");
-#endif
-    }
-    mlp_lm::host_usage usage;
-    return mlp_lm::dispatch<tessera::backend::host, mlp_lm::host_mlp>(o, world, world, usage);
+    return o.deterministic ? mlp_lm::run_exact(o, world) : mlp_lm::run_backend<tessera::float_reduction>(o, world);
   });
 }

@@ -31,6 +31,11 @@ struct options {
   int save_every = 0, keep = 0;
   int gemm_sms = -1, nccl_ctas = 0;  // -1: the default for the communicator (see cuda_main.cuh)
   bool json = false, recompute_gelu = false, lend_grad_shards = false, copy_engine_gathers = false;
+  // --deterministic: exact_reduction and fixed micro-batches of micro_tokens
+  // tokens, rank r taking micro-batches r, r + N, ... (accum is then their
+  // global count, tokens / micro_tokens).
+  bool deterministic = false;
+  long micro_tokens = 0;
 };
 
 //! Parses argv into o. Returns -1 to continue, else the exit code (0 after --help).
@@ -62,6 +67,12 @@ inline int parse(int argc, char** argv, options& o) {
                  "(a side stream on the cuda backend); off: every update at the end of the step")
       ->check(CLI::IsMember({"on", "off"}));
   add_offload_options(app, o.offload, o.offload_update);
+  app.add_flag("--deterministic", o.deterministic,
+               "the same bits at any world size, strategy and wrapper: exact (fixed-point) gradient and norm sums, "
+               "and fixed micro-batches of --micro-tokens, rank r taking micro-batches r, r + N, ...");
+  app.add_option("--micro-tokens", o.micro_tokens,
+                 "--deterministic: tokens per micro-batch (divides --tokens; the world size must divide the count)")
+      ->check(CLI::Range(1L, 1L << 30));
   app.add_option("--wrapper", o.wrapper, "ddp, fsdp (flat shards) or fsdp2 (per-parameter row shards; optim_grads_params)")
       ->check(CLI::IsMember({"ddp", "fsdp", "fsdp2"}));
   app.add_option("--strategy", o.strategy, "no_shard, optim, optim_grads or optim_grads_params")
@@ -135,6 +146,16 @@ inline int parse(int argc, char** argv, options& o) {
     return bad("--tokens " + std::to_string(o.tokens) + " does not split into --accum " + std::to_string(o.accum) +
                " equal micro-batches");
   if (o.save_every > 0 && o.save.empty()) return bad("--save-every needs --save DIR");
+  if (o.micro_tokens > 0 && !o.deterministic) return bad("--micro-tokens applies to --deterministic only");
+  if (o.deterministic) {
+    if (o.micro_tokens <= 0) return bad("--deterministic needs --micro-tokens M (tokens per fixed micro-batch)");
+    if (app.count("--accum")) return bad("--deterministic takes its micro-batches from --micro-tokens; drop --accum");
+    if (o.tokens % o.micro_tokens != 0)
+      return bad("--tokens " + std::to_string(o.tokens) + " does not split into micro-batches of --micro-tokens " +
+                 std::to_string(o.micro_tokens));
+    if (!o.shard_group.empty()) return bad("--deterministic runs on a flat world for now (no --shard-group)");
+    o.accum = int(o.tokens / o.micro_tokens);  // the global count; each rank runs accum / N of them
+  }
   if (o.lend_grad_shards && o.backend != "cuda") return bad("--lend-grad-shards needs --backend cuda");
   if (o.lend_grad_shards && o.accum > 1 && (o.strategy == "optim_grads" || o.strategy == "optim_grads_params"))
     return bad("--lend-grad-shards holds one micro-batch's reduction; use --accum 1 with --strategy " + o.strategy);
@@ -181,6 +202,7 @@ inline std::string describe(const options& o) {
   put("copy-engine-gathers", o.copy_engine_gathers), put("timeout", o.timeout), put("order-check", o.order_check);
   put("shard-group", o.shard_group), put("outer", o.outer), put("overlap-updates", o.overlap_updates);
   put("offload-optimizer", o.offload), put("offload-update", o.offload_update);
+  put("deterministic", o.deterministic), put("micro-tokens", o.micro_tokens);
   return s;
 }
 

@@ -97,6 +97,12 @@ inline void agree_on_options(tessera::comm::mpi& world, const options& o) {
     err = std::current_exception();
   }
   tessera::comm::agree_or_throw(world, err, "the command-line check");
+  if (o.deterministic) {
+    TESSERA_CHECK(o.accum % world.size() == 0, "--deterministic: ", o.accum, " micro-batches of ", o.micro_tokens,
+                  " tokens do not split evenly over ", world.size(), " ranks; choose a world size that divides ", o.accum,
+                  " (or another --micro-tokens)");
+    return;
+  }
   const long per_mb = o.tokens / o.accum;
   TESSERA_CHECK(per_mb >= world.size(), "--tokens ", o.tokens, " / --accum ", o.accum, " gives ", per_mb,
                 " tokens per micro-batch over ", world.size(), " ranks; each rank needs at least one");
@@ -200,6 +206,14 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
                            std::to_string(x["tokens"].template get<long>()) + " --accum " +
                            std::to_string(x["accum"].template get<int>()) +
                            "; resume with the same to continue its data stream");
+    // A deterministic run continues deterministically, and only from one.
+    const long micro = x.contains("micro_tokens") && x["micro_tokens"].is_number_integer()
+                           ? x["micro_tokens"].template get<long>() : 0;
+    if (micro != (o.deterministic ? o.micro_tokens : 0))
+      throw tessera::error("checkpoint '" + got.path.string() + "' was trained " +
+                           (micro ? "with --deterministic --micro-tokens " + std::to_string(micro)
+                                  : std::string("without --deterministic")) +
+                           "; resume the same way to continue its data stream");
     first_step = x["next_step"].template get<long>();
     o.seed = x["seed"].template get<std::uint64_t>();
     if (r == 0 && !o.json)
@@ -213,6 +227,7 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
     so.keep = o.keep;
     so.at_point = crash_hook;
     so.extra = {{"next_step", next_step}, {"seed", o.seed}, {"tokens", o.tokens}, {"accum", o.accum}, {"data", o.data}};
+    if (o.deterministic) so.extra["micro_tokens"] = o.micro_tokens;
     const auto t0 = std::chrono::steady_clock::now();
     const auto dir = checkpoint::save(opt, o.save, next_step, so);
     if (r == 0 && !o.json)
@@ -220,13 +235,17 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   };
 
-  // The global micro-batch is split into contiguous, possibly uneven slices.
+  // The global micro-batch is split into contiguous, possibly uneven slices;
+  // --deterministic: whole micro-batches, rank r taking r, r + N, ... (the
+  // tokens of the global batch in the same order either way).
   const long per_mb = o.tokens / o.accum;
-  const long lo = per_mb * r / N, hi = per_mb * (r + 1) / N;
+  const long lo = o.deterministic ? 0 : per_mb * r / N, hi = o.deterministic ? per_mb : per_mb * (r + 1) / N;
+  const int count = o.deterministic ? o.accum / N : o.accum;  // micro-batches this rank runs per step
   const std::size_t n = std::size_t(hi - lo), n_alloc = std::max<std::size_t>(n, 1);
   const net_options nopt{.recompute_gelu = o.recompute_gelu};
   Net net(model, ids, shape, n_alloc, nopt);
-  if (o.fusion != "auto") net.force_fusion(o.fusion == "on");
+  // --deterministic: fused where cuBLASLt can, not by timing (two runs could time differently).
+  if (o.fusion != "auto" || o.deterministic) net.force_fusion(o.fusion != "off");
   if constexpr (requires { net.set_gemm_sms(0); })
     if (o.gemm_sms > 0 && N > 1) net.set_gemm_sms(o.gemm_sms);
   std::size_t own_shards = 0;  // gradient shards too large for their unit's activations
@@ -248,9 +267,14 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
   };
   batch cur{std::vector<std::uint8_t>(n_alloc * std::size_t(o.ctx)), std::vector<std::uint8_t>(n_alloc)}, next = cur;
   auto sample = [&](batch& b, long step, int mb) {
+    const long k = long(r) + long(mb) * N;  // --deterministic: the global micro-batch
     for (std::size_t j = 0; j < n; ++j)
-      b.tgt[j] = data.sample(o.seed, step, mb, lo + long(j), &b.ctx[j * std::size_t(o.ctx)]);
+      b.tgt[j] = o.deterministic ? data.sample(o.seed, step, 0, k * per_mb + long(j), &b.ctx[j * std::size_t(o.ctx)])
+                                 : data.sample(o.seed, step, mb, lo + long(j), &b.ctx[j * std::size_t(o.ctx)]);
   };
+  // --deterministic: each global micro-batch's loss, summed in their order
+  // (a sum over ranks would depend on N).
+  std::vector<double> mb_loss(o.deterministic ? std::size_t(o.accum) : 0);
 
   const bool talk = r == 0;
   const std::string prec = o.precision;
@@ -276,17 +300,29 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
   for (long step = first_step; step < o.steps; ++step) {
     fault_hook(r, step);
     const auto t0 = std::chrono::steady_clock::now();
-    for (int mb = 0; mb < o.accum; ++mb) {
-      model.begin_micro_batch(mb, o.accum);
+    for (int mb = 0; mb < count; ++mb) {
+      model.begin_micro_batch(mb, count);
       net.forward_backward(cur.ctx.data(), cur.tgt.data(), n, double(o.tokens));
-      const bool last = mb + 1 == o.accum;
+      const bool last = mb + 1 == count;
       if (!last || step + 1 < o.steps) sample(next, last ? step + 1 : step, last ? 0 : mb + 1);
       std::swap(cur, next);
+      if (o.deterministic) {
+        net.finish_loss();
+        mb_loss[std::size_t(r + mb * N)] = net.take_loss();
+      }
     }
-    net.finish_loss();
+    if (!o.deterministic) net.finish_loss();
     const auto handle = opt.step();  // read below only when a line is printed
-    double loss = net.take_loss();
-    comm::all_reduce(world, std::span<double>(&loss, 1), comm::reduce_op::sum);
+    double loss = 0;
+    if (o.deterministic) {
+      // One rank holds each entry and the others 0, so the sum over ranks is exact.
+      comm::all_reduce(world, std::span<double>(mb_loss), comm::reduce_op::sum);
+      for (double v : mb_loss) loss += v;
+      std::fill(mb_loss.begin(), mb_loss.end(), 0.0);
+    } else {
+      loss = net.take_loss();
+      comm::all_reduce(world, std::span<double>(&loss, 1), comm::reduce_op::sum);
+    }
     loss /= double(o.tokens);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!o.save.empty() && o.save_every > 0 && (step + 1) % o.save_every == 0) save(last_saved = step + 1);
@@ -321,8 +357,7 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
                  {{"format", "pt"}, {"step", std::to_string(std::max<long>(o.steps, first_step))},
                   {"model", "tessera-mlp-lm"}, {"layers", std::to_string(o.layers)}, {"d", std::to_string(o.d)},
                   {"ctx", std::to_string(o.ctx)}, {"vocab", "256"}, {"seed", std::to_string(o.seed)},
-                  {"precision", o.precision}, {"strategy", std::string(Cfg::strategy::name)},
-                  {"wrapper", std::string(Cfg::wrapper::name)}});
+                  {"precision", o.precision}});  // no strategy or world size: dumps of any compare with cmp
   // Peaks over all ranks: the busiest rank is what a machine must hold.
   std::int64_t peak[3] = {std::int64_t(memory_of<B>().peak()), std::int64_t(usage.used()),
                           std::int64_t(memory_of<host_resident>().peak())};
@@ -372,7 +407,7 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
 }
 
 //! Runs train<Cfg> for the strategy and wrapper named in o; Net<Wrapper> computes.
-template <class P, class B, template <class> class Net, class Comm>
+template <class P, class B, class R, template <class> class Net, class Comm>
 int dispatch_strategy(const options& o, tessera::comm::mpi& world, Comm& comm, const device_usage& usage,
                       std::size_t blas_workspace = 0) {
   using namespace tessera;
@@ -383,20 +418,20 @@ int dispatch_strategy(const options& o, tessera::comm::mpi& world, Comm& comm, c
     return train<Cfg, Net<data_parallel_t<Cfg>>>(o, world, m.shard, &m, usage, blas_workspace);
   };
   // HFSDP is compiled for fsdp / optim_grads_params only (options.hpp checks).
-  if (const auto rc = with_config<P, B>(o.wrapper, o.strategy, o.outer, run)) return *rc;
+  if (const auto rc = with_config<P, B, R>(o.wrapper, o.strategy, o.outer, run)) return *rc;
   std::fprintf(stderr, "tessera: no compiled instantiation for --wrapper %s --strategy %s\n", o.wrapper.c_str(),
                o.strategy.c_str());
   return 2;
 }
 
-//! Both precisions.
-template <class B, template <class> class Net, class Comm>
+//! Both precisions, with reduction policy R.
+template <class B, template <class> class Net, class R, class Comm>
 int dispatch(const options& o, tessera::comm::mpi& world, Comm& comm, const device_usage& usage,
              std::size_t blas_workspace = 0) {
   using namespace tessera;
   return o.precision == "bf16"
-             ? dispatch_strategy<mixed_precision<bf16, float>, B, Net>(o, world, comm, usage, blas_workspace)
-             : dispatch_strategy<full_precision<float>, B, Net>(o, world, comm, usage, blas_workspace);
+             ? dispatch_strategy<mixed_precision<bf16, float>, B, R, Net>(o, world, comm, usage, blas_workspace)
+             : dispatch_strategy<full_precision<float>, B, R, Net>(o, world, comm, usage, blas_workspace);
 }
 
 }  // namespace mlp_lm

@@ -27,6 +27,10 @@ cases = [  # ranks, flags (shared by both programs)
     (2, ['--wrapper', 'fsdp', '--strategy', 'optim_grads_params', '--precision', 'bf16', '--offload-optimizer', '0.5']),
     (3, ['--wrapper', 'ddp', '--strategy', 'optim', '--precision', 'bf16', '--offload-optimizer', '--offload-update', 'device']),
     (1, ['--wrapper', 'fsdp', '--strategy', 'optim_grads_params', '--precision', 'fp32', '--offload-optimizer']),
+    # --deterministic: exact_reduction's accumulators and limb buffers, whole micro-batches per rank
+    (2, ['--wrapper', 'fsdp', '--strategy', 'optim_grads_params', '--precision', 'bf16', '--deterministic', '--micro-tokens', '37']),
+    (1, ['--wrapper', 'ddp', '--strategy', 'no_shard', '--precision', 'fp32', '--deterministic', '--micro-tokens', '74']),
+    (2, ['--wrapper', 'fsdp2', '--strategy', 'optim_grads_params', '--precision', 'fp32', '--deterministic', '--micro-tokens', '481']),
 ]
 fail = 0
 for np_, flags in cases:

@@ -239,6 +239,8 @@ fs::path save(Opt& opt, const fs::path& root, long step, const save_options& o =
       x.optimizer_skipped = opt.skipped_steps();
       x.states = states;
       x.extra = o.extra;
+      if (const std::vector<int> sc = e.exact_scales(); !sc.empty())
+        for (std::size_t u = 0; u < layouts.size(); ++u) x.exact_scales[layouts[u].name()] = sc[u];
       for (int q = 0; q < N; ++q) {
         const std::int64_t* rs = all.data() + (widest + 2) * std::size_t(q);
         x.files.push_back({rank_file(q, N), std::uint64_t(rs[widest + 1]), std::uint64_t(rs[widest])});
@@ -400,6 +402,13 @@ load_result load(Opt& opt, const fs::path& dir) {
     for (int s = 1; s < S; ++s) put(opt.state(u, s - 1), staged[u][std::size_t(s)]);
   }
   opt.restore_counters(x.optimizer_steps, x.optimizer_skipped);
+  // exact_reduction continues on the grid it would have used (units the
+  // checkpoint has no scale for keep theirs).
+  if (std::vector<int> sc = e.exact_scales(); !sc.empty() && !x.exact_scales.empty()) {
+    for (std::size_t u = 0; u < layouts.size(); ++u)
+      if (auto it = x.exact_scales.find(layouts[u].name()); it != x.exact_scales.end()) sc[u] = it->second;
+    e.set_exact_scales(sc);
+  }
   e.zero_grad();
   e.publish_weights(/*converted=*/false);
   res.step = x.step;

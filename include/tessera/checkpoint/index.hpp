@@ -19,6 +19,7 @@
 #include "tessera/checkpoint/safetensors.hpp"
 #include "tessera/core/checksum.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/core/fixed_point.hpp"
 
 namespace tessera::checkpoint {
 
@@ -57,6 +58,7 @@ struct index_info {
   std::vector<file_info> files;
   std::map<std::string, tensor_info> tensors;  //!< by "unit.tensor"
   nlohmann::json extra = nlohmann::json::object();  //!< the trainer's own state (data position, seed)
+  std::map<std::string, int> exact_scales;  //!< exact_reduction's fixed-point scale of each unit, by name
 };
 
 inline nlohmann::json to_json(const index_info& x) {
@@ -80,6 +82,13 @@ inline nlohmann::json to_json(const index_info& x) {
           {"optimizer_skipped", x.optimizer_skipped}, {"states", x.states}, {"files", files},
           {"tensors", tensors},             {"extra", x.extra}};
 }
+//! to_json, with exact_reduction's scales where the run had them (an index
+//! of a float_reduction run reads as it always did).
+inline nlohmann::json to_json_full(const index_info& x) {
+  nlohmann::json j = to_json(x);
+  if (!x.exact_scales.empty()) j["exact_scales"] = x.exact_scales;
+  return j;
+}
 
 //! The checksum of an index without its index_checksum field (keys sorted:
 //! nlohmann::json objects are ordered maps, so the text is canonical).
@@ -89,7 +98,7 @@ inline nlohmann::json to_json(const index_info& x) {
 }
 //! The index as written: to_json plus its checksum.
 [[nodiscard]] inline std::string index_text(const index_info& x) {
-  nlohmann::json j = to_json(x);
+  nlohmann::json j = to_json_full(x);
   j["index_checksum"] = checksum64::to_hex(index_checksum(j));
   return j.dump(1);
 }
@@ -145,6 +154,17 @@ inline index_info parse_index(std::string_view text, const std::string& what) {
   x.optimizer = get_str(j, "optimizer", what);
   x.optimizer_steps = long(get_u64(j, "optimizer_steps", what));
   x.optimizer_skipped = long(get_u64(j, "optimizer_skipped", what));
+  if (j.contains("exact_scales")) {
+    const auto& e = j["exact_scales"];
+    if (!e.is_object()) tessera::detail::fail(what + ": 'exact_scales' is not an object of unit names");
+    for (auto it = e.begin(); it != e.end(); ++it) {
+      if (!it.value().is_number_integer() || it.value().get<long long>() < fixed::min_scale ||
+          it.value().get<long long>() > fixed::max_scale)
+        tessera::detail::fail(what + ": exact scale of unit '" + printable(it.key()) + "' is not an integer in [" +
+                              std::to_string(fixed::min_scale) + ", " + std::to_string(fixed::max_scale) + "]");
+      x.exact_scales[it.key()] = int(it.value().get<long long>());
+    }
+  }
   if (!j.contains("states") || !j["states"].is_array() || j["states"].empty() || j["states"].size() > 16)
     tessera::detail::fail(what + ": 'states' is not a list of 1 to 16 names");
   for (const auto& s : j["states"]) {

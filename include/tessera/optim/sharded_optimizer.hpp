@@ -13,6 +13,7 @@
 #include "tessera/backend/memory.hpp"
 #include "tessera/backend/ops.hpp"
 #include "tessera/comm/communicator.hpp"
+#include "tessera/core/fixed_point.hpp"
 #include "tessera/core/vec.hpp"
 #include "tessera/optim/algorithms.hpp"
 #include "tessera/wrapper/data_parallel.hpp"
@@ -72,12 +73,7 @@ namespace detail {
 
 // The device's decision from the all-reduced partial sums (one thread): the
 // same arithmetic, in double, that a host would do.
-struct decide_step {
-  const double* acc;  // sum of squares, non-finite count
-  step_control* out;
-  double clip_norm;
-  TESSERA_HOST_DEVICE void operator()(std::size_t) const {
-    const double sum = acc[0], bad = acc[1];
+TESSERA_HOST_DEVICE inline void decide(double sum, double bad, double clip_norm, step_control* out) {
 #if defined(__CUDA_ARCH__)
     const double norm = bad > 0 ? __longlong_as_double(0x7ff8000000000000LL) : sqrt(sum);
     const bool skip = bad > 0 || !isfinite(norm);
@@ -87,7 +83,31 @@ struct decide_step {
 #endif
     const double coef = !skip && clip_norm > 0 && norm > clip_norm ? clip_norm / (norm + 1e-6) : 1.0;
     *out = step_control{norm, coef, float(coef), skip ? 1 : 0};
+}
+struct decide_step {
+  const double* acc;  // sum of squares, non-finite count
+  step_control* out;
+  double clip_norm;
+  TESSERA_HOST_DEVICE void operator()(std::size_t) const { decide(acc[0], acc[1], clip_norm, out); }
+};
+// exact_reduction: the same from the all-reduced largest magnitude and the
+// fixed-point limbs of the squares (core/fixed_point.hpp).
+struct decide_exact_step {
+  const double* max;
+  const std::uint64_t* limbs;
+  step_control* out;
+  double clip_norm;
+  TESSERA_HOST_DEVICE void operator()(std::size_t) const {
+    const double m = *max;
+    const bool finite = m < 1.0e308;  // false for inf and NaN
+    const double sum = finite && m > 0 ? fixed::square_sum(limbs, fixed::square_shift(m)) : 0.0;
+    decide(sum, finite ? 0.0 : 1.0, clip_norm, out);
   }
+};
+// Carries in this rank's limbs before they are summed over ranks.
+struct carry_limbs {
+  std::uint64_t* limbs;
+  TESSERA_HOST_DEVICE void operator()(std::size_t) const { fixed::carry(limbs); }
 };
 
 // An algorithm's update functor that does nothing where the device decided
@@ -267,7 +287,7 @@ public:
                                                    const wrapper_options& wo = {}, const optimizer_options& oo = {}) {
     using rules = detail::storage<typename Wrapper::config>;
     planned_bytes b;
-    b.device = norm_scalars * sizeof(double) + sizeof(step_control);
+    b.device = norm_scalars * sizeof(double) + norm_limbs * sizeof(std::uint64_t) + sizeof(step_control);
     const std::vector<bool> off = detail::offloaded_units(layouts, wo.offload_optimizer);
     bool control = false;
     for (std::size_t u = 0; u < layouts.size(); ++u) {
@@ -335,12 +355,26 @@ public:
     // Partial sums of squares and non-finite counts accumulate in backend
     // memory; one all-reduce of the two doubles; the decision stays there.
     ops::fill(acc_.span(), 0.0);
-    for (std::size_t u = 0; u < units_.size(); ++u) ops::sum_squares_into(std::span<const G>(e_.norm_grads(u)), acc_.data());
-    {
+    if constexpr (exact) {
+      // Order-independent: the largest magnitude (a max), then the squares on
+      // its fixed-point grid (an integer sum), on any split of the elements.
+      for (std::size_t u = 0; u < units_.size(); ++u) ops::max_abs_into(std::span<const G>(e_.norm_grads(u)), acc_.data());
       comm::label lbl("grad_norm");
-      e_.sum_partials(acc_.data(), norm_scalars);  // each element counted once on any mesh
+      e_.combine_partials(acc_.data(), 1, comm::reduce_op::max);
+      ops::fill(limbs_.span(), std::uint64_t(0));
+      for (std::size_t u = 0; u < units_.size(); ++u)
+        ops::sum_squares_fixed_into(std::span<const G>(e_.norm_grads(u)), acc_.data(), limbs_.data());
+      ops::for_each(1, detail::carry_limbs{limbs_.data()});
+      e_.combine_partials(reinterpret_cast<std::int64_t*>(limbs_.data()), 3, comm::reduce_op::sum);
+      ops::for_each(1, detail::decide_exact_step{acc_.data(), limbs_.data(), ctl_.data(), opt_.clip_norm});
+    } else {
+      for (std::size_t u = 0; u < units_.size(); ++u) ops::sum_squares_into(std::span<const G>(e_.norm_grads(u)), acc_.data());
+      {
+        comm::label lbl("grad_norm");
+        e_.sum_partials(acc_.data(), norm_scalars);  // each element counted once on any mesh
+      }
+      ops::for_each(1, detail::decide_step{acc_.data(), ctl_.data(), opt_.clip_norm});
     }
-    ops::for_each(1, detail::decide_step{acc_.data(), ctl_.data(), opt_.clip_norm});
     auto rec = next_record();
     ops::copy_to_host_async(std::span<step_control>(rec->host.data(), 1), std::span<const step_control>(ctl_.span()));
     rec->ready.record();
@@ -403,6 +437,7 @@ private:
       if (buf.where() == where) b += buf.size() * sizeof(*buf.data());
     };
     add(acc_);
+    add(limbs_);
     add(ctl_);
     add(ctl_host_);
     for (auto& u : units_) {
@@ -491,8 +526,11 @@ private:
   optimizer_options opt_;
   std::function<double(long, double)> schedule_;
   std::vector<unit_state> units_;
-  static constexpr std::size_t norm_scalars = 2;  // sum of squares, non-finite count
+  static constexpr std::size_t norm_scalars = 2;  // sum of squares, non-finite count (exact: the largest magnitude)
+  static constexpr bool exact = Wrapper::config::reduction::exact;
+  static constexpr std::size_t norm_limbs = exact ? 3 : 0;  // exact: the squares' fixed-point limbs
   buffer<double> acc_{norm_scalars};
+  buffer<std::uint64_t> limbs_{norm_limbs};
   buffer<step_control> ctl_{1};  // the device's decision (detail::decide_step)
   buffer<step_control> ctl_host_;  // its copy for the host update (offloaded units)
   std::shared_ptr<detail::step_record<B>> pending_;  // the last step, until the host counted it

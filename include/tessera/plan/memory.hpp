@@ -70,7 +70,7 @@ namespace detail {
 // neither, and a host-only program can plan a CUDA config.
 template <config_type Cfg>
 using host_twin = config<typename Cfg::strategy, typename Cfg::wrapper, typename Cfg::precision, typename Cfg::averaging,
-                         backend::host, typename Cfg::outer_type>;
+                         backend::host, typename Cfg::outer_type, typename Cfg::reduction>;
 }  // namespace detail
 
 //! The layouts the wrapper's registry would build for these units over a

@@ -10,6 +10,7 @@
 #include "tessera/policy/backend.hpp"
 #include "tessera/policy/outer.hpp"
 #include "tessera/policy/precision.hpp"
+#include "tessera/policy/reduction.hpp"
 #include "tessera/policy/strategy.hpp"
 #include "tessera/policy/wrapper.hpp"
 
@@ -50,8 +51,10 @@ template <class P> struct is_precision : std::bool_constant<precision_policy<P>>
 template <class P> struct is_averaging : std::bool_constant<averaging_policy<P>> {};
 template <class P> struct is_backend : std::bool_constant<backend_policy<P>> {};
 template <class P> struct is_outer : std::bool_constant<outer_policy<P>> {};
+template <class P> struct is_reduction : std::bool_constant<reduction_policy<P>> {};
 template <class P>
-constexpr bool is_optional_policy = precision_policy<P> || averaging_policy<P> || backend_policy<P> || outer_policy<P>;
+constexpr bool is_optional_policy =
+    precision_policy<P> || averaging_policy<P> || backend_policy<P> || outer_policy<P> || reduction_policy<P>;
 }  // namespace detail
 
 //! Whether wrapper W can run strategy S. DistributedDataParallel keeps
@@ -82,7 +85,8 @@ inline constexpr bool wrapper_supports_v =
 //! wrapper (default fsdp), then, in any order and each at most once, a
 //! precision (default full_precision<float>), an averaging policy (default
 //! average_in_collective), a backend (default backend::host) and an outer
-//! policy for meshes (default outer<no_shard>; policy/outer.hpp):
+//! policy for meshes (default outer<no_shard>; policy/outer.hpp) and a
+//! reduction policy (default float_reduction; policy/reduction.hpp):
 //!   config<optim_grads_params, fsdp, backend::cuda, mixed_precision<bf16, float>>
 //!   config<optim_grads_params, fsdp, outer<optim>>   (HFSDP on a mesh)
 //! The positional form config<S, W, P, A, B> is the same thing written in order.
@@ -108,6 +112,7 @@ private:
   static constexpr int averagings = (0 + ... + int(averaging_policy<Policies>));
   static constexpr int backends = (0 + ... + int(backend_policy<Policies>));
   static constexpr int outers = (0 + ... + int(outer_policy<Policies>));
+  static constexpr int reductions = (0 + ... + int(reduction_policy<Policies>));
   static constexpr bool all_known = (true && ... && detail::is_optional_policy<Policies>);
   // An argument that is no policy is named after the first kind not yet given
   // (so the positional form reads as before); exactly one message fires.
@@ -122,9 +127,9 @@ private:
   static_assert(all_known || precisions == 0 || averagings == 0 || backends == 0,
                 "tessera: a config argument is not a tessera policy; after the strategy and the wrapper, config "
                 "takes a precision, an averaging policy and a backend, each at most once");
-  static_assert(precisions <= 1 && averagings <= 1 && backends <= 1 && outers <= 1,
+  static_assert(precisions <= 1 && averagings <= 1 && backends <= 1 && outers <= 1 && reductions <= 1,
                 "tessera: config was given two policies of one kind; give each of precision, averaging, "
-                "backend and outer at most once (in any order)");
+                "backend, outer and reduction at most once (in any order)");
 
 public:
   using strategy = Strategy;
@@ -134,6 +139,8 @@ public:
   using backend_type = typename detail::first_of<detail::is_backend, backend::host, Policies...>::type;
   //! Across the replica groups of a mesh (policy/outer.hpp); nothing on a flat world.
   using outer_type = typename detail::first_of<detail::is_outer, outer<no_shard>, Policies...>::type;
+  //! How world-size-dependent sums are computed (policy/reduction.hpp).
+  using reduction = typename detail::first_of<detail::is_reduction, float_reduction, Policies...>::type;
   using compute_type = typename detail::precision_types<precision>::compute;
   using main_type = typename detail::precision_types<precision>::main;
   using grad_type = typename detail::precision_types<precision>::grad;
@@ -151,6 +158,9 @@ public:
                 "type loses small updates); choose mixed_precision<bf16, float> for bf16 compute");
   static_assert(floating_element<compute_type>,
                 "tessera: the compute-weight type must be float, double, bf16 or fp16");
+  static_assert(!reduction::exact || std::is_same_v<grad_type, wire_type>,
+                "tessera: exact_reduction sends integer limbs, not the precision's wire dtype; give the precision a "
+                "wire type equal to its gradient type (mixed_precision<bf16, float> has float for both)");
   static_assert(floating_element<grad_type> && floating_element<wire_type>,
                 "tessera: gradient and wire types must be float, double, bf16 or fp16");
 };

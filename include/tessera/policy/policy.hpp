@@ -5,5 +5,6 @@
 #include "tessera/policy/config.hpp"
 #include "tessera/policy/outer.hpp"
 #include "tessera/policy/precision.hpp"
+#include "tessera/policy/reduction.hpp"
 #include "tessera/policy/strategy.hpp"
 #include "tessera/policy/wrapper.hpp"

@@ -62,6 +62,14 @@ public:
   //! the ranks whose optimizer gradients are distinct: what an optimizer's
   //! global norm needs, counting each element once on any mesh.
   void sum_partials(double* x, std::size_t n) const { e_->sum_partials(x, n); }
+  //! The same with operation `op` over any communicated dtype (a max; an integer sum).
+  template <class T> void combine_partials(T* x, std::size_t n, comm::reduce_op op) const {
+    e_->combine_partials(x, n, op);
+  }
+  //! exact_reduction: each unit's fixed-point scale, which checkpoints keep
+  //! (empty under float_reduction), and setting them (ignored there).
+  [[nodiscard]] std::vector<int> exact_scales() const { return e_->exact_scales(); }
+  void set_exact_scales(std::span<const int> s) const { e_->set_exact_scales(s); }
   //! Every rank of the mesh learns whether any failed: the failing ones
   //! rethrow their error, the others throw one naming it (comm::agree_or_throw).
   void agree_or_throw(std::exception_ptr err, std::string_view what) const { e_->agree_or_throw(err, what); }

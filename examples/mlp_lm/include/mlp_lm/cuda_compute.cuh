@@ -61,12 +61,12 @@ public:
     dh_ = dbuf<C>(n_max_ * H);
     bgrad_ = dbuf<C>(H);
     scratch_ = dbuf<float>(scratch_floats(s));
-    loss_ = dbuf<double>(1);
+    loss_ = dbuf<unsigned long long>(1);
     one_hot_ = dbuf<C>(n_max_ * std::size_t(s.ctx) * vocab);
     inputs_ = dbuf<std::byte>(input_bytes());
     for (auto& p : staged_) p = tessera::cuda::pinned_buffer<std::byte>(input_bytes());
-    loss_host_ = tessera::cuda::pinned_buffer<double>(1);
-    TESSERA_CUDA(cudaMemsetAsync(loss_.data(), 0, sizeof(double), tessera::cuda::current_stream()));
+    loss_host_ = tessera::cuda::pinned_buffer<unsigned long long>(1);
+    TESSERA_CUDA(cudaMemsetAsync(loss_.data(), 0, sizeof(unsigned long long), tessera::cuda::current_stream()));
     // The fused epilogues where cuBLASLt has them for these shapes (bf16 only:
     // fp32 runs the separate kernels to match the host backend exactly).
     if constexpr (std::is_same_v<C, tessera::bf16>) fused_ = s.layers > 0 && epilogues_supported();
@@ -240,14 +240,14 @@ public:
   //! Starts copying the loss summed since the last take_loss to the host (call before the optimizer step).
   void finish_loss() {
     const cudaStream_t s = tessera::cuda::current_stream();
-    TESSERA_CUDA(cudaMemcpyAsync(loss_host_.data(), loss_.data(), sizeof(double), cudaMemcpyDeviceToHost, s));
-    TESSERA_CUDA(cudaMemsetAsync(loss_.data(), 0, sizeof(double), s));
+    TESSERA_CUDA(cudaMemcpyAsync(loss_host_.data(), loss_.data(), sizeof(unsigned long long), cudaMemcpyDeviceToHost, s));
+    TESSERA_CUDA(cudaMemsetAsync(loss_.data(), 0, sizeof(unsigned long long), s));
     loss_ready_.record(s);
   }
   //! The loss finish_loss copied (waits for the copy only).
   double take_loss() {
     loss_ready_.synchronize();
-    return *loss_host_.data();
+    return double(static_cast<long long>(*loss_host_.data())) / gpu::loss_unit;  // fixed point (softmax_xent)
   }
 
 private:
@@ -401,11 +401,11 @@ private:
   dbuf<C> arena_, act_, z_, dx_, dh_, bgrad_, one_hot_;
   std::vector<dbuf<float>> own_shards_;  // gradient shards of units whose activations are too small to lend
   dbuf<float> scratch_;
-  dbuf<double> loss_;
+  dbuf<unsigned long long> loss_;
   dbuf<std::byte> inputs_;
   std::array<tessera::cuda::pinned_buffer<std::byte>, 2> staged_;
   std::array<tessera::cuda::event, 2> staged_done_;
-  tessera::cuda::pinned_buffer<double> loss_host_;
+  tessera::cuda::pinned_buffer<unsigned long long> loss_host_;
   tessera::cuda::event loss_ready_;
   int flip_ = 0;
   int gemm_sms_ = 0;

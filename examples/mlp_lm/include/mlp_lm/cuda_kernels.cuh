@@ -110,9 +110,12 @@ void embed_backward(const C* dX, const int* order, const int* starts, int e, flo
 }
 
 // One warp per token: loss = logsumexp(z) - z[target], and dZ = scale (softmax(z) - onehot(target))
-// written over Z. Each block adds its tokens' loss to *loss in double.
+// written over Z. Each block adds its tokens' loss to *loss in fixed point
+// (units of 2^-32 nats, an integer atomic): the same sum in any block order,
+// so the logged loss is reproducible too.
+inline constexpr double loss_unit = 0x1p32;
 template <class C>
-__global__ void softmax_xent_kernel(C* Z, const std::uint8_t* target, int n, float scale, double* loss) {
+__global__ void softmax_xent_kernel(C* Z, const std::uint8_t* target, int n, float scale, unsigned long long* loss) {
   const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5;
   const int j = int(blockIdx.x) * int(blockDim.x / 32) + warp;
   __shared__ double block_loss[32];
@@ -146,12 +149,12 @@ __global__ void softmax_xent_kernel(C* Z, const std::uint8_t* target, int n, flo
   if (threadIdx.x == 0) {
     double s = 0;
     for (int w = 0; w < int(blockDim.x / 32); ++w) s += block_loss[w];
-    if (s != 0) atomicAdd(loss, s);  // only the logged loss; gradients do not depend on it
+    if (s != 0) atomicAdd(loss, static_cast<unsigned long long>(llrint(s * loss_unit)));  // only the logged loss
   }
 }
 
 template <class C>
-void softmax_xent(C* Z, const std::uint8_t* target, int n, float scale, double* loss) {
+void softmax_xent(C* Z, const std::uint8_t* target, int n, float scale, unsigned long long* loss) {
   if (n == 0) return;
   softmax_xent_kernel<<<blocks_for(std::size_t(n), 8), 256, 0, tessera::cuda::current_stream()>>>(Z, target, n, scale, loss);
   TESSERA_CUDA(cudaGetLastError());

@@ -25,6 +25,7 @@
 #include "tessera/backend/cuda/stream.hpp"
 #include "tessera/backend/ops.hpp"
 #include "tessera/core/dtype.hpp"
+#include "tessera/core/fixed_point.hpp"
 #include "tessera/core/vec.hpp"
 
 namespace tessera {
@@ -104,6 +105,39 @@ __global__ void sum_squares_kernel(const T* x, std::size_t n, double* acc, bool 
     atomicAdd(acc, bs);
     if (bb > 0) atomicAdd(acc + 1, bb);
   }
+}
+
+// exact_reduction's passes: the largest magnitude, then the squares on a
+// fixed-point grid. Integer and max reductions give the same result in any
+// order, so the atomics across blocks are deterministic.
+template <class T, int Threads>
+__global__ void max_abs_kernel(const T* x, std::size_t n, double* acc) {
+  double m = 0;
+  for (std::size_t i = std::size_t(blockIdx.x) * Threads + threadIdx.x; i < n; i += std::size_t(gridDim.x) * Threads) {
+    const double d = fabs(convert<double>(x[i]));
+    m = isfinite(d) ? fmax(m, d) : INFINITY;
+  }
+  using reduce = cub::BlockReduce<double, Threads>;
+  __shared__ typename reduce::TempStorage tmp;
+  const double bm = reduce(tmp).Reduce(m, [](double a, double b) { return a > b ? a : b; });
+  // Non-negative doubles order as their bit patterns do.
+  if (threadIdx.x == 0)
+    atomicMax(reinterpret_cast<unsigned long long*>(acc), static_cast<unsigned long long>(__double_as_longlong(bm)));
+}
+template <class T, int Threads>
+__global__ void sum_squares_fixed_kernel(const T* x, std::size_t n, const double* max, std::uint64_t* acc) {
+  const double m = *max;
+  if (!(m > 0) || !isfinite(m)) return;
+  const int t = fixed::square_shift(m);
+  std::uint64_t l[3] = {0, 0, 0};
+  for (std::size_t i = std::size_t(blockIdx.x) * Threads + threadIdx.x; i < n; i += std::size_t(gridDim.x) * Threads)
+    fixed::add_square(convert<double>(x[i]), t, l);
+  using reduce = cub::BlockReduce<unsigned long long, Threads>;
+  __shared__ typename reduce::TempStorage tmp[3];
+  unsigned long long b[3];
+  for (int k = 0; k < 3; ++k) b[k] = reduce(tmp[k]).Sum(static_cast<unsigned long long>(l[k]));
+  if (threadIdx.x == 0)
+    for (int k = 0; k < 3; ++k) atomicAdd(reinterpret_cast<unsigned long long*>(acc + k), b[k]);
 }
 
 //! Resident blocks of `threads` that fill the device once (cached per device).
@@ -254,6 +288,25 @@ struct backend_ops<backend::cuda> {
         unsigned(std::min<std::size_t>(cuda::detail::full_grid(threads), (x.size() + threads - 1) / threads));
     cuda::detail::sum_squares_kernel<T, threads>
         <<<blocks, threads, 0, cuda::current_stream()>>>(x.data(), x.size(), acc, aligned_for<16 / sizeof(T)>(x.data()));
+    TESSERA_CUDA(cudaGetLastError());
+  }
+
+  //! acc[0] = max(acc[0], largest |x[i]|), +inf where some element is not
+  //! finite (device memory; see the host backend).
+  template <class T> static void max_abs_into(std::span<const T> x, double* acc) {
+    if (x.empty()) return;
+    const unsigned blocks =
+        unsigned(std::min<std::size_t>(cuda::detail::full_grid(threads), (x.size() + threads - 1) / threads));
+    cuda::detail::max_abs_kernel<T, threads><<<blocks, threads, 0, cuda::current_stream()>>>(x.data(), x.size(), acc);
+    TESSERA_CUDA(cudaGetLastError());
+  }
+  //! The squares of x on the fixed-point grid of *max, added to three uint64 limbs (see the host backend).
+  template <class T> static void sum_squares_fixed_into(std::span<const T> x, const double* max, std::uint64_t* acc) {
+    if (x.empty()) return;
+    const unsigned blocks =
+        unsigned(std::min<std::size_t>(cuda::detail::full_grid(threads), (x.size() + threads - 1) / threads));
+    cuda::detail::sum_squares_fixed_kernel<T, threads>
+        <<<blocks, threads, 0, cuda::current_stream()>>>(x.data(), x.size(), max, acc);
     TESSERA_CUDA(cudaGetLastError());
   }
 

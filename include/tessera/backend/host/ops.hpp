@@ -11,6 +11,7 @@
 #include "tessera/backend/host/buffer.hpp"
 #include "tessera/backend/ops.hpp"
 #include "tessera/core/dtype.hpp"
+#include "tessera/core/fixed_point.hpp"
 
 namespace tessera {
 
@@ -71,6 +72,27 @@ struct backend_ops<backend::host> {
     }
     acc[0] += s;
     acc[1] += bad;
+  }
+
+  //! acc[0] = max(acc[0], largest |x[i]|), +inf where some element is not
+  //! finite (exact_reduction's range; acc is backend memory).
+  template <class T> static void max_abs_into(std::span<const T> x, double* acc) {
+    double m = acc[0];
+    for (const T& v : x) {
+      const double d = std::fabs(convert<double>(v));
+      m = std::isfinite(d) ? std::max(m, d) : INFINITY;
+    }
+    acc[0] = m;
+  }
+  //! Adds every finite x[i]^2 onto the fixed-point grid of the largest
+  //! magnitude *max (from max_abs_into, agreed over the ranks) as three
+  //! uint64 limbs (core/fixed_point.hpp): an integer sum, the same in any
+  //! order. Nothing where *max is zero or not finite.
+  template <class T> static void sum_squares_fixed_into(std::span<const T> x, const double* max, std::uint64_t* acc) {
+    const double m = *max;
+    if (!(m > 0) || !std::isfinite(m)) return;
+    const int t = fixed::square_shift(m);
+    for (const T& v : x) fixed::add_square(convert<double>(v), t, acc);
   }
 
   //! Work that must follow an asynchronous operation: returns a callable that

@@ -25,6 +25,7 @@
 #include "tessera/policy/config.hpp"
 #include "tessera/shard/layout.hpp"
 #include "tessera/wrapper/detail/convert.hpp"
+#include "tessera/wrapper/detail/exact_sum.hpp"
 #include "tessera/wrapper/detail/gather_pool.hpp"
 #include "tessera/wrapper/detail/outer_link.hpp"
 #include "tessera/wrapper/detail/reduction_pool.hpp"
@@ -54,6 +55,7 @@ private:
   using W = typename rules::W;
   using pool_type = reduction_pool<G, W, backend_type>;
   using landing = typename pool_type::landing;
+  static constexpr bool exact = Cfg::reduction::exact;
 
 public:
   template <class Comm>
@@ -97,6 +99,11 @@ public:
     plan_ = rules::plan(reg_.layouts(), comm_.size(), opt_);
     check_host_room(plan_.host_main_weights, "offloading the main weights (wrapper_options::offload_optimizer)");
     store_.allocate(reg_, comm_, solo_, opt_.lend_grad_shards, opt_.offload_optimizer, outer_.communicator());
+    if constexpr (exact) {
+      TESSERA_CHECK(replicas() == 1, "exact_reduction runs on a flat world for now; its reduction across the ",
+                    replicas(), " replica groups of a mesh is not exact yet (choose float_reduction on a mesh)");
+      exact_ = exact_sums<G, backend_type>(rules::exact_sizes(reg_.layouts(), comm_.size()));
+    }
     units_.resize(store_.size());
     deferred_.resize(store_.size());
     outer_.resize(store_.size());
@@ -116,9 +123,11 @@ public:
   //! distinct part of the optimizer's gradients: the shard group, and the
   //! replicas too under outer<optim> (under outer<no_shard> every replica
   //! holds the same gradients, so each would count them again).
-  void sum_partials(double* x, std::size_t n) {
-    comm_.all_reduce(x, x, n, dtype::f64, comm::reduce_op::sum);
-    outer_.sum_partials(x, n);
+  //! combine_partials does the same with any dtype and operation (a max, an integer sum).
+  void sum_partials(double* x, std::size_t n) { combine_partials(x, n, comm::reduce_op::sum); }
+  template <class T> void combine_partials(T* x, std::size_t n, comm::reduce_op op) {
+    comm_.all_reduce(x, x, n, dtype_of_v<T>, op);
+    outer_.combine_partials(x, n, op);
   }
   //! agree_or_throw over the whole mesh: every rank throws if any failed.
   void agree_or_throw(std::exception_ptr err, std::string_view what) {
@@ -131,6 +140,16 @@ public:
     outer_.agree_or_throw(group, what);
   }
   [[nodiscard]] const unit_layout& layout(std::size_t u) const { return reg_.layout(u); }
+  //! exact_reduction: each unit's fixed-point scale (what a checkpoint keeps
+  //! so that a resumed run continues with the same bits); empty otherwise.
+  [[nodiscard]] std::vector<int> exact_scales() const {
+    if constexpr (exact) return reg_.require_final("exact_scales()"), exact_.scales();
+    else return {};
+  }
+  void set_exact_scales(std::span<const int> s) {
+    reg_.require_final("set_exact_scales()");
+    if constexpr (exact) exact_.set_scales(s);
+  }
 
   // ---- parameter values -----------------------------------------------------------
   //! Sets a parameter from its full value in host memory. Every rank passes the
@@ -186,6 +205,9 @@ public:
     TESSERA_CHECK(count == 1 || !lends_shards() || !strategy::shards_grads, "begin_micro_batch(", index, ", ", count,
                   "): gradient shards live in lent memory (wrapper_options.lend_grad_shards), which holds one "
                   "micro-batch's reduction only; take one micro-batch per step or leave lend_grad_shards off");
+    TESSERA_CHECK(!exact || std::size_t(world()) * std::size_t(count) <= (std::size_t(1) << fixed::headroom_bits),
+                  "begin_micro_batch(", index, ", ", count, "): exact_reduction sums at most 2^", fixed::headroom_bits,
+                  " addends (ranks x micro-batches), this step has ", world(), " x ", count);
     if (index > 0) sync_micro_batch();
     touched_ = true;
     mb_index_ = index;
@@ -233,6 +255,7 @@ public:
     touched_ = true;
     settle(u);  // the reduction overwrites the gradients the last update read
     if (store_.has_full_grads()) (void)store_.full_grads(u);  // nobody wrote: zeros
+    if constexpr (exact) return reduce_exact(u);
     if (solo_) {  // one rank, wire = grad type: the sum over the group is the gradient itself
       if (mb_index_ == mb_count_ - 1) issue_outer(u);
       return;
@@ -260,6 +283,7 @@ public:
                   "; it ends the last one");
     sync_micro_batch();
     outer_.wait_all();
+    if constexpr (exact) exact_.finish(comm_, [this](std::size_t u) { return store_.opt_grads(u); }, exact_post());
     grads_ready_ = true;
   }
   [[nodiscard]] bool grads_ready() const noexcept { return grads_ready_; }
@@ -270,6 +294,7 @@ public:
     complete_all();
     outer_.wait_all();
     store_.start_accumulation();
+    if constexpr (exact) exact_.begin();
     for (auto& st : units_) {
       st.reduced = false;
       st.grad_slot = -1;
@@ -374,7 +399,8 @@ private:
            std::string(name_of(dtype_of_v<C>)) + ", main " + std::string(name_of(dtype_of_v<M>)) + ", grads " +
            std::string(name_of(dtype_of_v<G>)) + ", wire " + std::string(name_of(dtype_of_v<W>)) + " / " +
            std::string(Cfg::averaging::name) + " / alignment " + std::to_string(opt_.alignment) + " / outer " +
-           std::string(Cfg::outer_type::name) + " x " + std::to_string(replicas());
+           std::string(Cfg::outer_type::name) + " x " + std::to_string(replicas()) + " / reduction " +
+           std::string(Cfg::reduction::name);
   }
   // Where each unit is in the micro-batch protocol.
   struct unit_state {
@@ -393,7 +419,9 @@ private:
     const bool permuted = reg_.layouts().front().permuted();
     slots_ = pool_type(opt_.grad_buffers, strategy::shards_grads ? max_padded : 0,
                        rules::needs_wire(permuted) ? max_padded : 0,
-                       strategy::shards_optimizer && !rules::wire_is_grad ? max_shard : 0);
+                       strategy::shards_optimizer && !rules::wire_is_grad ? max_shard : 0,
+                       exact && strategy::shards_grads ? 2 * max_padded : 0,
+                       exact && strategy::shards_optimizer ? 2 * max_shard : 0);
     if constexpr (strategy::shards_params)
       gathers_ = gather_pool<C, backend_type>(comm_, opt_.gather_buffers, max_padded, units_.size(), permuted);
   }
@@ -442,6 +470,49 @@ private:
       slots_.issue(s, comm_.ireduce_scatter(send, slots_[s].wire_shard.data(), n, dtype_of_v<W>, op),
                    landing::staged, shard, n, post_scale(), fresh);
     }
+  }
+
+  // exact_reduction (exact_sum.hpp): this micro-batch's gradients of unit u
+  // onto the unit's grid. Where gradients accumulate locally (no_shard,
+  // optim, one rank) they join the unit's accumulator, whose limbs the last
+  // micro-batch all-reduces (no_shard) or reduce-scatters (optim); sharded
+  // gradients are reduce-scattered as limbs every micro-batch and land in
+  // the accumulated shard. finish_grad_sync turns the limbs into gradients.
+  void reduce_exact(std::size_t u) {
+    const auto& L = layout(u);
+    comm::label lbl("reduce_grads", L.name().c_str());
+    if (store_.has_full_grads()) {
+      exact_.add(u, std::span<const G>(store_.full_grads(u)));
+      store_[u].zero_pending = true;  // the next micro-batch writes afresh
+      if (mb_index_ != mb_count_ - 1 || solo_) return;
+      const int s = acquire_slot(u, false);
+      if constexpr (!strategy::shards_optimizer)
+        slots_.issue_limbs(s, comm_.iall_reduce(exact_.limbs(u), exact_.limbs(u), 2 * L.padded_numel(), dtype::i64,
+                                                comm::reduce_op::sum),
+                           landing::none, nullptr, 0, false);
+      else
+        slots_.issue_limbs(s, comm_.ireduce_scatter(exact_.limbs(u), slots_[s].limbs_shard.data(), 2 * L.shard_numel(),
+                                                    dtype::i64, comm::reduce_op::sum),
+                           landing::limbs, exact_.limbs(u), 2 * L.shard_numel(), /*overwrite=*/true);
+      return;
+    }
+    auto& st = units_[u];
+    if (st.grad_slot < 0) st.grad_slot = acquire_slot(u, true);  // no gradient written: zeros
+    const int s = st.grad_slot;
+    std::span<const G> g = slot_grads(u);
+    if (L.permuted()) {  // rows layout: into shard order first
+      rows_.copy_in(u, L, g.data(), slots_[s].wire.data(), 1.0f);
+      g = std::span<const G>(slots_[s].wire.data(), L.padded_numel());
+    }
+    exact_.round(u, g, slots_[s].limbs.data());
+    slots_.issue_limbs(s, comm_.ireduce_scatter(slots_[s].limbs.data(), slots_[s].limbs_shard.data(), 2 * L.shard_numel(),
+                                                dtype::i64, comm::reduce_op::sum),
+                       landing::limbs, exact_.limbs(u), 2 * L.shard_numel(), exact_.take_fresh(u));
+    if (opt_.poison_released) slots_.note_sent(s, slot_grads(u));
+  }
+  // exact_reduction's 1/N: the averaging policies divide the exact sum once.
+  double exact_post() const {
+    return std::is_same_v<typename Cfg::averaging, tessera::sum> ? 1.0 : 1.0 / double(world());
   }
 
   // A reduction slot for unit u: a free one, else the oldest reduction in flight is completed.
@@ -570,6 +641,7 @@ private:
   pool_type slots_;
   row_copies<backend_type> rows_;  // the rows layout's copies (fsdp2)
   gather_pool<C, backend_type> gathers_;
+  exact_sums<G, backend_type> exact_;  // exact_reduction only
   memory_plan plan_;
   bool grads_ready_ = false, mb_open_ = false, solo_ = false;
   bool touched_ = false;  // a micro-batch began or a gradient was written or reduced since zero_grad

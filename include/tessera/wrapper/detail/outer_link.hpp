@@ -67,8 +67,8 @@ public:
   }
   //! Adds the replicas' partial sums where their gradients differ (outer<optim>;
   //! under outer<no_shard> every replica holds the same, which would count twice).
-  void sum_partials(double* x, std::size_t n) {
-    if (active() && splits) comm_.all_reduce(x, x, n, dtype::f64, comm::reduce_op::sum);
+  template <class T> void combine_partials(T* x, std::size_t n, comm::reduce_op op) {
+    if (active() && splits) comm_.all_reduce(x, x, n, dtype_of_v<T>, op);
   }
   //! The second half of a mesh-wide agree_or_throw: `group` is what the shard
   //! group agreed on (null: no rank of it failed).

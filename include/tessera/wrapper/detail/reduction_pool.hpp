@@ -19,6 +19,7 @@
 #include "tessera/comm/communicator.hpp"
 #include "tessera/core/checksum.hpp"
 #include "tessera/wrapper/detail/convert.hpp"
+#include "tessera/wrapper/detail/exact_sum.hpp"
 
 namespace tessera::detail {
 
@@ -33,19 +34,25 @@ public:
     all_reduced,  //!< the wire buffer holds the reduced full unit: into `dst` (n elements)
     direct,       //!< the collective wrote `dst` itself (the unit's gradient shard)
     staged,       //!< wire_shard holds the reduced shard: converted and added into `dst`
+    limbs,        //!< exact_reduction: limbs_shard holds reduced limbs: added into (overwrite: copied to) `limbs_dst`
+    none,         //!< the collective wrote its final place itself (limbs all-reduced in place)
   };
   struct slot {
     buffer<G> grad;        // full gradients (sharded gradients only)
     buffer<W> wire;        // full wire buffer (when W != G)
     buffer<W> wire_shard;  // reduced shard before conversion (sharded optimizer, W != G)
+    buffer<std::int64_t> limbs, limbs_shard;  // exact_reduction: a unit's limbs, and the reduced shard's
     int unit = -1;         // the unit whose gradients or reduction it holds; -1: free
   };
 
   reduction_pool() = default;
-  //! `count` slots, each with grad_n gradient, wire_n wire and shard_n staging elements.
-  reduction_pool(int count, std::size_t grad_n, std::size_t wire_n, std::size_t shard_n) {
+  //! `count` slots, each with grad_n gradient, wire_n wire and shard_n staging
+  //! elements, and limb_n, limb_shard_n int64 limbs (exact_reduction).
+  reduction_pool(int count, std::size_t grad_n, std::size_t wire_n, std::size_t shard_n, std::size_t limb_n = 0,
+                 std::size_t limb_shard_n = 0) {
     for (int i = 0; i < count; ++i) {
-      slots_.push_back({buffer<G>(grad_n), buffer<W>(wire_n), buffer<W>(shard_n), -1});
+      slots_.push_back({buffer<G>(grad_n), buffer<W>(wire_n), buffer<W>(shard_n), buffer<std::int64_t>(limb_n),
+                        buffer<std::int64_t>(limb_shard_n), -1});
       flight_.emplace_back();
       poison_.emplace_back();
     }
@@ -72,6 +79,11 @@ public:
   void issue(int i, comm::request r, landing how, G* dst, std::size_t n, float post, bool overwrite) {
     flight_[std::size_t(i)] = {std::move(r), ++order_, how, dst, n, post, overwrite, true};
   }
+  //! Slot i's limbs are in flight as `r`; on completion n limbs land in dst
+  //! as `how` (landing::limbs or landing::none).
+  void issue_limbs(int i, comm::request r, landing how, std::int64_t* dst, std::size_t n, bool overwrite) {
+    flight_[std::size_t(i)] = {std::move(r), ++order_, how, nullptr, n, 1.0f, overwrite, true, dst};
+  }
   //! Waits for slot i's reduction without landing it (complete() still does).
   void wait(int i) { flight_[std::size_t(i)].req.wait(); }
   //! Waits for slot i's reduction, lands it, frees the slot; returns its unit.
@@ -90,6 +102,11 @@ public:
         break;
       case landing::staged:
         ops::for_each(f.n, accumulate_convert<G, W>{sl.wire_shard.data(), f.dst, f.post, f.overwrite});
+        break;
+      case landing::limbs:
+        ops::for_each(f.n, add_limbs_fn{sl.limbs_shard.data(), f.limbs_dst, f.overwrite});
+        break;
+      case landing::none:
         break;
     }
     return std::exchange(sl.unit, -1);
@@ -136,6 +153,7 @@ private:
     float post = 1.0f;
     bool overwrite = false;
     bool pending = false;  // issued and not completed (a request may finish before its wait)
+    std::int64_t* limbs_dst = nullptr;  // landing::limbs
   };
   // What a slot held when its reduction was issued (poison_released).
   struct poison_state {

@@ -24,6 +24,7 @@
 
 #include "tessera/policy/config.hpp"
 #include "tessera/shard/layout.hpp"
+#include "tessera/wrapper/detail/exact_sum.hpp"
 #include "tessera/wrapper/detail/row_copy.hpp"
 #include "tessera/wrapper/options.hpp"
 
@@ -55,6 +56,7 @@ struct storage {
   static constexpr bool main_aliases_compute = std::is_same_v<C, M>;
   static constexpr bool wire_is_grad = std::is_same_v<W, G>;
   static constexpr bool persistent_full_grads = !strategy::shards_grads;
+  static constexpr bool exact = Cfg::reduction::exact;
 
   //! One rank and gradients already in the wire type: nothing to communicate,
   //! so the shard is the whole unit and gather / reduce become views.
@@ -95,12 +97,23 @@ struct storage {
   //! the wire type, or to copy them into the gathered order (rows layout).
   static bool needs_wire(bool permuted) noexcept { return !wire_is_grad || permuted; }
 
+  //! exact_reduction's accumulator of each unit, in gradients: the full unit
+  //! where gradients accumulate locally (no_shard, optim, one rank), the
+  //! shard where every micro-batch is reduce-scattered.
+  static std::vector<std::size_t> exact_sizes(const std::vector<unit_layout>& units, int world) {
+    std::vector<std::size_t> n;
+    for (const auto& u : units) n.push_back(persistent_full_grads || solo(world) ? u.padded_numel() : u.shard_numel());
+    return n;
+  }
+
   //! Bytes of one reduction-pool slot for units of `padded` elements.
   static std::size_t slot_bytes(std::size_t padded, std::size_t shard, bool permuted) noexcept {
     std::size_t b = 0;
     if (strategy::shards_grads) b += padded * sizeof(G);
     if (needs_wire(permuted)) b += padded * sizeof(W);
     if (strategy::shards_optimizer && !wire_is_grad) b += shard * sizeof(W);  // staging for the conversion back
+    if (exact && strategy::shards_grads) b += 2 * padded * sizeof(std::int64_t);   // the unit's limbs
+    if (exact && strategy::shards_optimizer) b += 2 * shard * sizeof(std::int64_t);  // the reduced shard's
     return b;
   }
 
@@ -121,6 +134,11 @@ struct storage {
       if (persistent_full_grads || alone) p.grads += full * sizeof(G);
       if (strategy::shards_optimizer && !alone && !o.lend_grad_shards) p.grads += shard * sizeof(G);
       if (u.splits() > 1) p.grads += opt_n * sizeof(G);  // outer<optim>: the part reduce-scattered across replicas
+    }
+    if constexpr (exact) {
+      std::size_t n = 0;
+      for (std::size_t k : exact_sizes(units, world)) n += k;
+      p.grads += exact_sums<G, typename Cfg::backend_type>::bytes(n, units.size());
     }
     if (alone) return p;  // no gather or reduction buffers: nothing is communicated
     // A rows layout gathers into a buffer in shard order and copies out into
