@@ -52,21 +52,7 @@ outcome run(Comm& c, int steps, bool big = false) {
   using G = typename W::grad_type;
   using ops = backend_ops<typename Cfg::backend_type>;
   W model(c);
-  const auto defs = tessera_test::awkward_model();
-  std::vector<unit_id> units;
-  std::vector<std::vector<param_id>> params;
-  for (auto& d : defs) {
-    units.push_back(model.add_unit(d.name));
-    params.emplace_back();
-    for (auto& t : d.tensors) params.back().push_back(model.add_param(units.back(), t.name, t.shape, t.weight_decay));
-  }
-  model.finalize();
-  for (std::size_t u = 0; u < defs.size(); ++u)
-    for (std::size_t t = 0; t < defs[u].tensors.size(); ++t) {
-      std::vector<typename W::main_type> v(defs[u].tensors[t].shape.numel());
-      for (std::size_t i = 0; i < v.size(); ++i) v[i] = float(tessera_test::init_value(int(u), int(t), i));
-      model.set_param(params[u][t], v);
-    }
+  const auto [units, params] = tessera_test::build_awkward(model);
   ShardedOptimizer opt(model, tessera_test::test_adamw(), optimizer_options{.clip_norm = 0.05});
   const int N = c.size(), r = c.rank(), per = K / N;
   BOOST_REQUIRE(K % N == 0);
@@ -226,4 +212,35 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(gradients_as_accurate_as_a_float32_sum, Cfg, accur
   }
   BOOST_TEST(worst_exact <= worst_float);
   BOOST_TEST(worst_exact <= 0x1p-24);
+}
+
+// One rank, one micro-batch: each sum has a single addend, passed through
+// bit for bit (even where the grid could not hold it); a non-finite one
+// still skips the step.
+BOOST_AUTO_TEST_CASE(one_addend_is_its_own_sum) {
+  comm::local<> solo;
+  data_parallel_t<config<optim_grads_params, fsdp, F, sum, E>> model(solo);
+  const auto u0 = model.add_unit("u");
+  const std::size_t n = 100;
+  const auto p = model.add_param(u0, "w", shape({n}), true);
+  model.finalize();
+  ShardedOptimizer opt(model, tessera_test::test_adamw());
+  for (int step = 0; step < 2; ++step) {
+    std::vector<float> want(n);
+    for (std::size_t i = 0; i < n; ++i) want[i] = float(addend(step, 0, 0, 0, i, 0.0) * (i == 3 ? 1e-30 : 1.0));
+    if (step == 1) want[5] = std::numeric_limits<float>::quiet_NaN();
+    model.begin_micro_batch(0, 1);
+    {
+      auto s = model.gather(u0);
+      auto g = s.grad(p);
+      std::copy(want.begin(), want.end(), g.begin());
+      s.reduce_grads();
+    }
+    model.finish_grad_sync();
+    const auto got = model.shards().norm_grads(0);
+    for (std::size_t i = 0; i < n; ++i)
+      if (i != 5 || step == 0) BOOST_TEST(std::memcmp(&got[i], &want[i], sizeof(float)) == 0, "element " << i);
+    const step_result r = opt.step();
+    BOOST_TEST(r.skipped == (step == 1));
+  }
 }

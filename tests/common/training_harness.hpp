@@ -69,6 +69,32 @@ inline std::pair<long, long> local_samples(int K, int r, int N) {
   return {long(K) * r / N, long(K) * (r + 1) / N};
 }
 
+//! The awkward model's units and parameters in a wrapper.
+struct awkward_ids {
+  std::vector<tessera::unit_id> units;
+  std::vector<std::vector<tessera::param_id>> params;
+};
+//! Registers the awkward model in `model`, finalizes it and sets every
+//! parameter to init_value (the same on every rank).
+template <class W>
+awkward_ids build_awkward(W& model) {
+  awkward_ids ids;
+  const auto defs = awkward_model();
+  for (auto& d : defs) {
+    ids.units.push_back(model.add_unit(d.name));
+    ids.params.emplace_back();
+    for (auto& t : d.tensors) ids.params.back().push_back(model.add_param(ids.units.back(), t.name, t.shape, t.weight_decay));
+  }
+  model.finalize();
+  for (std::size_t u = 0; u < defs.size(); ++u)
+    for (std::size_t t = 0; t < defs[u].tensors.size(); ++t) {
+      std::vector<typename W::main_type> v(defs[u].tensors[t].shape.numel());
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] = typename W::main_type(init_value(int(u), int(t), i));
+      model.set_param(ids.params[u][t], v);
+    }
+  return ids;
+}
+
 struct run_result {
   std::vector<std::vector<double>> params;  // per registered parameter, full values
   std::vector<double> grad_norms;
@@ -93,21 +119,7 @@ run_result train(Comm& c, Alg alg, const run_params& p, tessera::comm::mesh<Comm
   else holder.emplace(c, wo);
   W& model = *holder;
   const int S = model.world(), rs_rank = model.rank();
-  const auto defs = awkward_model();
-  std::vector<unit_id> units;
-  std::vector<std::vector<param_id>> params;
-  for (auto& d : defs) {
-    units.push_back(model.add_unit(d.name));
-    params.emplace_back();
-    for (auto& t : d.tensors) params.back().push_back(model.add_param(units.back(), t.name, t.shape, t.weight_decay));
-  }
-  model.finalize();
-  for (std::size_t u = 0; u < defs.size(); ++u)
-    for (std::size_t t = 0; t < defs[u].tensors.size(); ++t) {
-      std::vector<typename W::main_type> v(defs[u].tensors[t].shape.numel());
-      for (std::size_t i = 0; i < v.size(); ++i) v[i] = typename W::main_type(init_value(int(u), int(t), i));
-      model.set_param(params[u][t], v);
-    }
+  const auto [units, params] = build_awkward(model);
   ShardedOptimizer opt(model, alg,
                        optimizer_options{.clip_norm = p.clip, .overlap_updates = p.overlap_updates,
                                          .offload_update = p.offload_on});

@@ -19,6 +19,7 @@ import sys
 import tempfile
 
 mpiexec, trainer, precision, extra = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+trainer = os.path.abspath(trainer)  # one run works in another directory
 env = dict(os.environ, OPENBLAS_NUM_THREADS='1')
 STEPS = 6
 common = ['--layers', '2', '--d', '32', '--ctx', '4', '--tokens', '480', '--steps', str(STEPS), '--log-every', '1',
@@ -98,7 +99,7 @@ if worst > tol:
 
 # A world size that does not divide the micro-batches is one clear error.
 cmd = [mpiexec, '--oversubscribe', '--bind-to', 'none', '-np', '5', trainer] + common + det
-res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=work)  # its trace files go there
 if res.returncode == 0 or 'tessera: --deterministic: 12 micro-batches of 40 tokens do not split evenly over 5 ranks' not in res.stderr:
     failures.append(f'{" ".join(cmd)}: exit {res.returncode}, expected the split error:\n{res.stderr}')
 else:

@@ -9,9 +9,10 @@
 //! micro-batches), every sum of hi stays below 2^62 and of lo below 2^52.
 //! Integer sums are exact, so no order of addition changes them. The value
 //! is (hi * 2^32 + lo) * 2^-s once, at the end. The scale of a unit comes
-//! from the largest addend of the step before, margin_bits below the limit:
-//! the grid then resolves 2^-66 of that maximum, 2^42 times finer than a
-//! float's rounding of it (a float32 sum of K addends errs by ~K * 2^-24).
+//! from the largest addend of the step before, margin_bits below the limit
+//! (gradients may grow 65536-fold in one step): the grid then resolves
+//! 2^-58 of that maximum, 2^34 times finer than a float's rounding of it (a
+//! float32 sum of K addends errs by ~K * 2^-24).
 //!
 //! Norms: a square g^2 (exact in double for float and bf16 g) of a vector
 //! whose largest |g| is below 2^e becomes floor(g^2 * 2^(61 - 2e)) < 2^61,
@@ -27,7 +28,7 @@ namespace tessera::fixed {
 
 inline constexpr int addend_bits = 74;   //!< |q| < 2^74 for one addend
 inline constexpr int headroom_bits = 20; //!< at most 2^20 addends (ranks x micro-batches) per sum
-inline constexpr int margin_bits = 8;    //!< the last step's largest addend sits 2^8 below the limit
+inline constexpr int margin_bits = 16;   //!< the last step's largest addend sits 2^16 below the limit
 inline constexpr int initial_scale = 58; //!< before a unit's first step: |g| < 2^16 fits
 inline constexpr int min_scale = -1000, max_scale = 1000;
 inline constexpr int square_bits = 61;   //!< g^2 * 2^t < 2^61 for the largest g

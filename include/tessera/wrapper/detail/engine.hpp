@@ -283,7 +283,9 @@ public:
                   "; it ends the last one");
     sync_micro_batch();
     outer_.wait_all();
-    if constexpr (exact) exact_.finish(comm_, [this](std::size_t u) { return store_.opt_grads(u); }, exact_post());
+    if constexpr (exact)
+      exact_.finish(comm_, [this](std::size_t u) { return exact_alone_ ? std::span<G>() : store_.opt_grads(u); },
+                    exact_post());
     grads_ready_ = true;
   }
   [[nodiscard]] bool grads_ready() const noexcept { return grads_ready_; }
@@ -481,6 +483,10 @@ private:
   void reduce_exact(std::size_t u) {
     const auto& L = layout(u);
     comm::label lbl("reduce_grads", L.name().c_str());
+    // One rank and one micro-batch: each sum has one addend, which is its own
+    // exact sum (and no other world size runs this step's single micro-batch).
+    exact_alone_ = solo_ && mb_count_ == 1;
+    if (exact_alone_) return;
     if (store_.has_full_grads()) {
       exact_.add(u, std::span<const G>(store_.full_grads(u)));
       store_[u].zero_pending = true;  // the next micro-batch writes afresh
@@ -645,6 +651,7 @@ private:
   memory_plan plan_;
   bool grads_ready_ = false, mb_open_ = false, solo_ = false;
   bool touched_ = false;  // a micro-batch began or a gradient was written or reduced since zero_grad
+  bool exact_alone_ = false;  // exact_reduction, one rank and one micro-batch: the gradients are their own sum
   int mb_index_ = 0, mb_count_ = 1, last_gathered_ = -1;
 };
 
