@@ -47,14 +47,17 @@ struct outcome {
 // gradient of 2^20 into micro-batch 5 of steps 0 and 1 (beyond the initial
 // fixed-point range of 2^16).
 template <class Cfg, class Comm>
-outcome run(Comm& c, int steps, bool big = false) {
+outcome run(Comm& c, int steps, bool big = false, comm::mesh<Comm>* mesh = nullptr) {
   using W = data_parallel_t<Cfg>;
   using G = typename W::grad_type;
   using ops = backend_ops<typename Cfg::backend_type>;
-  W model(c);
+  std::optional<W> holder;  // over the mesh where given (c unused then)
+  if (mesh) holder.emplace(*mesh);
+  else holder.emplace(c);
+  W& model = *holder;
   const auto [units, params] = tessera_test::build_awkward(model);
   ShardedOptimizer opt(model, tessera_test::test_adamw(), optimizer_options{.clip_norm = 0.05});
-  const int N = c.size(), r = c.rank(), per = K / N;
+  const int N = mesh ? mesh->world_size() : c.size(), r = mesh ? mesh->world_rank() : c.rank(), per = K / N;
   BOOST_REQUIRE(K % N == 0);
   outcome out;
   auto put = [&](const void* p, std::size_t n) {
@@ -122,6 +125,30 @@ void across_group_sizes(F&& f) {
 
 BOOST_AUTO_TEST_CASE_TEMPLATE(same_bits_at_every_world_size, Cfg, configs) {
   across_group_sizes([](comm::mpi& g) { return hash_of(run<Cfg>(g, 3).bytes); });
+}
+
+// Meshes of R replica groups x S ranks (HSDP, HFSDP) give the single rank's
+// bits too: the reduction across replicas sums the same integer limbs.
+using mesh_configs = std::tuple<config<optim_grads_params, fsdp, F, sum, E>, config<no_shard, ddp, F, sum, E>,
+                                config<optim_grads_params, fsdp, X, sum, E, outer<optim>>,
+                                config<optim_grads, fsdp, F, sum, E, outer<optim>>,
+                                config<optim_grads_params, fsdp2, X, sum, E>>;
+BOOST_AUTO_TEST_CASE_TEMPLATE(meshes_give_the_same_bits, Cfg, mesh_configs) {
+  comm::mpi world;
+  const int W = world.size();
+  if (K % W != 0) return;
+  comm::mpi solo = world.split(world.rank(), 0);
+  std::int64_t reference = std::int64_t(hash_of(run<Cfg>(solo, 3).bytes));
+  for (int S = 1; S < W; ++S) {
+    if (W % S != 0) continue;
+    auto m = comm::make_mesh(world, S);
+    const std::int64_t h = std::int64_t(hash_of(run<Cfg>(world, 3, false, &m).bytes));
+    std::vector<std::int64_t> all(static_cast<std::size_t>(W));
+    comm::all_gather_host(world, std::span<const std::int64_t>(&h, 1), std::span<std::int64_t>(all));
+    BOOST_TEST_CONTEXT("mesh " << W / S << " x " << S) {
+      for (int q = 0; q < W; ++q) BOOST_TEST(all[std::size_t(q)] == reference, "rank " << q);
+    }
+  }
 }
 
 // With an averaging policy the exact sum is divided by N once, so a world

@@ -195,7 +195,6 @@ int main(int argc, char** argv) {
       if (o.micro_tokens <= 0 || o.tokens % o.micro_tokens != 0 || (o.tokens / o.micro_tokens) % o.gpus != 0)
         throw tessera::error("--deterministic needs --micro-tokens M dividing --tokens into a multiple of --gpus "
                              "micro-batches");
-      if (o.shard_group > 0) throw tessera::error("--deterministic runs on a flat world (no --shard-group)");
       o.accum = int(o.tokens / o.micro_tokens / o.gpus);  // per rank, as the trainer runs them
     } else if (o.tokens / o.accum < o.gpus)
       throw tessera::error("--tokens / --accum gives fewer tokens than ranks (" + std::to_string(o.tokens / o.accum) +

@@ -153,7 +153,6 @@ inline int parse(int argc, char** argv, options& o) {
     if (o.tokens % o.micro_tokens != 0)
       return bad("--tokens " + std::to_string(o.tokens) + " does not split into micro-batches of --micro-tokens " +
                  std::to_string(o.micro_tokens));
-    if (!o.shard_group.empty()) return bad("--deterministic runs on a flat world for now (no --shard-group)");
     o.accum = int(o.tokens / o.micro_tokens);  // the global count; each rank runs accum / N of them
   }
   if (o.lend_grad_shards && o.backend != "cuda") return bad("--lend-grad-shards needs --backend cuda");

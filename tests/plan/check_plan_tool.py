@@ -31,6 +31,8 @@ cases = [  # ranks, flags (shared by both programs)
     (2, ['--wrapper', 'fsdp', '--strategy', 'optim_grads_params', '--precision', 'bf16', '--deterministic', '--micro-tokens', '37']),
     (1, ['--wrapper', 'ddp', '--strategy', 'no_shard', '--precision', 'fp32', '--deterministic', '--micro-tokens', '74']),
     (2, ['--wrapper', 'fsdp2', '--strategy', 'optim_grads_params', '--precision', 'fp32', '--deterministic', '--micro-tokens', '481']),
+    (2, ['--wrapper', 'fsdp', '--strategy', 'optim_grads_params', '--precision', 'bf16', '--shard-group', '1',
+         '--outer', 'optim', '--deterministic', '--micro-tokens', '481']),
 ]
 fail = 0
 for np_, flags in cases:

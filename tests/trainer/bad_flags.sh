@@ -32,7 +32,6 @@ check --deterministic
 check --micro-tokens 64
 check --deterministic --micro-tokens 7
 check --deterministic --micro-tokens 64 --accum 2
-check --deterministic --micro-tokens 64 --shard-group 1
 check --shard-group 2 --outer optim --wrapper ddp --strategy optim_grads
 check --shard-group 2 --outer replicate
 exit $fail

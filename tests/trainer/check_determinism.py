@@ -3,7 +3,7 @@
 strategy and wrapper: for one precision, every valid strategy x wrapper at
 1, 2, 3, 4 and 6 ranks (gradient accumulation and clipping on) dumps
 byte-identical weights (compared with cmp) and prints identical loss and
-gradient-norm lines. A run saved at 4 ranks and resumed at 2 and at 3 (under
+gradient-norm lines, and so do meshes (HSDP, HFSDP). A run saved at 4 ranks and resumed at 2 and at 3 (under
 other strategies) continues with the bits of the uninterrupted run. The
 default (float) path on the same tokens differs across world sizes, so the
 comparison would catch a float sum; and the deterministic curve matches the
@@ -65,6 +65,22 @@ for wrapper, strategy in combos:
               f'{"identical" if ok_w else "DIFFER"}, loss lines {"identical" if ok_l else "DIFFER"}')
         if not (ok_w and ok_l):
             failures.append(f'{cmd}\n  differs from {ref_cmd}: lines {lines} against {ref_lines}')
+
+# Meshes (HSDP, HFSDP): R replica groups x S ranks, the same bits.
+meshes = [(4, ['--shard-group', '2', '--wrapper', 'fsdp', '--strategy', 'optim_grads_params']),
+          (4, ['--shard-group', '2', '--outer', 'optim', '--wrapper', 'fsdp', '--strategy', 'optim_grads_params']),
+          (6, ['--shard-group', '3', '--wrapper', 'ddp', '--strategy', 'optim_grads']),
+          (6, ['--shard-group', '2', '--wrapper', 'fsdp2', '--strategy', 'optim_grads_params'])]
+for np_, flags in meshes:
+    if np_ not in worlds:
+        continue
+    dump = f'{work}/mesh-np{np_}.safetensors'
+    lines, cmd = run(np_, det + flags, dump)
+    ok_w, ok_l = same_bytes(ref_dump, dump), lines == ref_lines
+    print(f'{"ok  " if ok_w and ok_l else "FAIL"} np{np_} {" ".join(flags)}: weights {"identical" if ok_w else "DIFFER"}, '
+          f'loss lines {"identical" if ok_l else "DIFFER"}')
+    if not (ok_w and ok_l):
+        failures.append(f'{cmd}\n  differs from {ref_cmd}')
 
 # Save at 4 ranks, resume at 2 and 3 under other strategies: the uninterrupted bits.
 half = STEPS // 2

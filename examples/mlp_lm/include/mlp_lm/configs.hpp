@@ -14,15 +14,14 @@ namespace mlp_lm {
 //! f.template operator()<config<S, W, P, sum, B, O, R>>() for the wrapper,
 //! strategy and outer policy named; nothing where the names are not among
 //! the compiled ones (the caller says why). R: the reduction policy
-//! (exact_reduction for --deterministic, on a flat world only).
+//! (exact_reduction for --deterministic).
 template <class P, class B, class R = tessera::float_reduction, class F>
 auto with_config(std::string_view wrapper, std::string_view strategy, std::string_view outer_name, F&& f)
     -> std::optional<decltype(f.template operator()<tessera::config<tessera::no_shard, tessera::ddp, P, tessera::sum, B, R>>())> {
   using namespace tessera;
   if (outer_name == "optim") {
-    if constexpr (!R::exact)  // exact_reduction runs on a flat world
-      if (wrapper == "fsdp" && strategy == "optim_grads_params")
-        return f.template operator()<config<optim_grads_params, fsdp, P, sum, B, outer<optim>, R>>();
+    if (wrapper == "fsdp" && strategy == "optim_grads_params")
+      return f.template operator()<config<optim_grads_params, fsdp, P, sum, B, outer<optim>, R>>();
   } else if (wrapper == "ddp") {
     if (strategy == "no_shard") return f.template operator()<config<no_shard, ddp, P, sum, B, R>>();
     if (strategy == "optim") return f.template operator()<config<optim, ddp, P, sum, B, R>>();

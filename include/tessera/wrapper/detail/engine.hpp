@@ -99,11 +99,9 @@ public:
     plan_ = rules::plan(reg_.layouts(), comm_.size(), opt_);
     check_host_room(plan_.host_main_weights, "offloading the main weights (wrapper_options::offload_optimizer)");
     store_.allocate(reg_, comm_, solo_, opt_.lend_grad_shards, opt_.offload_optimizer, outer_.communicator());
-    if constexpr (exact) {
-      TESSERA_CHECK(replicas() == 1, "exact_reduction runs on a flat world for now; its reduction across the ",
-                    replicas(), " replica groups of a mesh is not exact yet (choose float_reduction on a mesh)");
-      exact_ = exact_sums<G, backend_type>(rules::exact_sizes(reg_.layouts(), comm_.size()));
-    }
+    if constexpr (exact)
+      exact_ = exact_sums<G, backend_type>(rules::exact_sizes(reg_.layouts(), comm_.size()),
+                                           rules::exact_part_sizes(reg_.layouts()));
     units_.resize(store_.size());
     deferred_.resize(store_.size());
     outer_.resize(store_.size());
@@ -205,9 +203,10 @@ public:
     TESSERA_CHECK(count == 1 || !lends_shards() || !strategy::shards_grads, "begin_micro_batch(", index, ", ", count,
                   "): gradient shards live in lent memory (wrapper_options.lend_grad_shards), which holds one "
                   "micro-batch's reduction only; take one micro-batch per step or leave lend_grad_shards off");
-    TESSERA_CHECK(!exact || std::size_t(world()) * std::size_t(count) <= (std::size_t(1) << fixed::headroom_bits),
+    TESSERA_CHECK(!exact || std::size_t(world()) * std::size_t(replicas()) * std::size_t(count) <=
+                                 (std::size_t(1) << fixed::headroom_bits),
                   "begin_micro_batch(", index, ", ", count, "): exact_reduction sums at most 2^", fixed::headroom_bits,
-                  " addends (ranks x micro-batches), this step has ", world(), " x ", count);
+                  " addends (ranks x micro-batches), this step has ", world() * replicas(), " x ", count);
     if (index > 0) sync_micro_batch();
     touched_ = true;
     mb_index_ = index;
@@ -283,9 +282,14 @@ public:
                   "; it ends the last one");
     sync_micro_batch();
     outer_.wait_all();
-    if constexpr (exact)
-      exact_.finish(comm_, [this](std::size_t u) { return exact_alone_ ? std::span<G>() : store_.opt_grads(u); },
+    if constexpr (exact) {
+      const auto max_over = [this](double* x, std::size_t n) {  // every rank of the mesh added its own micro-batches
+        comm_.all_reduce(x, x, n, dtype::f64, comm::reduce_op::max);
+        outer_.max_over_replicas(x, n);
+      };
+      exact_.finish(max_over, [this](std::size_t u) { return exact_alone_ ? std::span<G>() : store_.opt_grads(u); },
                     exact_post());
+    }
     grads_ready_ = true;
   }
   [[nodiscard]] bool grads_ready() const noexcept { return grads_ready_; }
@@ -485,12 +489,13 @@ private:
     comm::label lbl("reduce_grads", L.name().c_str());
     // One rank and one micro-batch: each sum has one addend, which is its own
     // exact sum (and no other world size runs this step's single micro-batch).
-    exact_alone_ = solo_ && mb_count_ == 1;
+    exact_alone_ = solo_ && mb_count_ == 1 && !outer_.active();
     if (exact_alone_) return;
     if (store_.has_full_grads()) {
       exact_.add(u, std::span<const G>(store_.full_grads(u)));
       store_[u].zero_pending = true;  // the next micro-batch writes afresh
-      if (mb_index_ != mb_count_ - 1 || solo_) return;
+      if (mb_index_ != mb_count_ - 1) return;
+      if (solo_) return issue_outer(u);  // one rank per group: the group's sum is this rank's
       const int s = acquire_slot(u, false);
       if constexpr (!strategy::shards_optimizer)
         slots_.issue_limbs(s, comm_.iall_reduce(exact_.limbs(u), exact_.limbs(u), 2 * L.padded_numel(), dtype::i64,
@@ -518,7 +523,7 @@ private:
   }
   // exact_reduction's 1/N: the averaging policies divide the exact sum once.
   double exact_post() const {
-    return std::is_same_v<typename Cfg::averaging, tessera::sum> ? 1.0 : 1.0 / double(world());
+    return std::is_same_v<typename Cfg::averaging, tessera::sum> ? 1.0 : 1.0 / (double(world()) * replicas());
   }
 
   // A reduction slot for unit u: a free one, else the oldest reduction in flight is completed.
@@ -580,7 +585,12 @@ private:
   // step; on to the replicas (outer_link::issue).
   void issue_outer(std::size_t u) {
     if (!outer_.active()) return;  // (and the spans below are not touched on a flat world)
-    outer_.issue(u, store_.group_grads(u), store_.opt_grads(u), solo_, layout(u).name());
+    if constexpr (exact) {  // the group's limbs (the group_grads' extent), summed across replicas as integers
+      const std::size_t n = 2 * (store_.has_shards() ? layout(u).shard_numel() : layout(u).padded_numel());
+      outer_.issue_limbs(u, exact_.limbs(u), n, exact_.has_part(u) ? exact_.part_limbs(u) : nullptr, layout(u).name());
+    } else {
+      outer_.issue(u, store_.group_grads(u), store_.opt_grads(u), solo_, layout(u).name());
+    }
   }
 
   void start_gather(std::size_t u, bool for_prefetch) {

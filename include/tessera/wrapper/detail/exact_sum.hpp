@@ -96,16 +96,19 @@ class exact_sums {
   template <class T> using buffer = typename ops::template buffer<T>;
 
 public:
-  //! Bytes for units whose accumulators hold `elements` gradients in all (and `units` units).
+  //! Bytes for units whose accumulators (and parts, on a mesh under
+  //! outer<optim>) hold `elements` gradients in all, and `units` units.
   static constexpr std::size_t bytes(std::size_t elements, std::size_t units) noexcept {
     return elements * 2 * sizeof(std::int64_t) + units * (sizeof(double) + 3 * sizeof(int));
   }
 
   exact_sums() = default;
-  //! One accumulator of sizes[u] gradients per unit.
-  explicit exact_sums(const std::vector<std::size_t>& sizes)
+  //! One accumulator of sizes[u] gradients per unit, and where parts[u] > 0
+  //! (outer<optim>) the limbs of this replica's part of the shard.
+  exact_sums(const std::vector<std::size_t>& sizes, const std::vector<std::size_t>& parts)
       : max_(sizes.size()), scale_(sizes.size()), next_(sizes.size()), bad_(sizes.size()), fresh_(sizes.size(), true) {
     for (std::size_t n : sizes) acc_.emplace_back(2 * n);
+    for (std::size_t n : parts) part_.emplace_back(2 * n);
     ops::fill(scale_.span(), fixed::initial_scale);
     ops::fill(bad_.span(), 0);
     begin();
@@ -131,7 +134,9 @@ public:
   }
   //! Unit u's accumulator, 2 limbs per gradient.
   [[nodiscard]] std::int64_t* limbs(std::size_t u) { return acc_.at(u).data(); }
-  [[nodiscard]] std::size_t limb_count(std::size_t u) const { return acc_.at(u).size(); }
+  //! Under outer<optim>: the limbs of this replica's part (what the reduce-scatter across replicas writes).
+  [[nodiscard]] std::int64_t* part_limbs(std::size_t u) { return part_.at(u).data(); }
+  [[nodiscard]] bool has_part(std::size_t u) const { return part_.at(u).size() > 0; }
   //! Whether u's accumulator had nothing yet this step (a reduction landing
   //! there then copies instead of adding); it has from now on.
   [[nodiscard]] bool take_fresh(std::size_t u) {
@@ -141,21 +146,23 @@ public:
   }
 
   //! The step's sums are complete on every rank: agrees on each unit's
-  //! largest addend over `c` (every rank that added to the sums), judges the
-  //! range, and writes each unit's gradients through out(u) (a span of G
-  //! from the first limbs of its accumulator) times `post`. Collective.
-  template <class Comm, class Out>
-  void finish(Comm& c, Out&& out, double post) {
+  //! largest addend (max_over(x, n): a max over every rank that added to the
+  //! sums), judges the range, and writes each unit's gradients through
+  //! out(u) (a span of G, from the first limbs of its accumulator, or of its
+  //! part where it has one) times `post`. Collective.
+  template <class MaxOver, class Out>
+  void finish(MaxOver&& max_over, Out&& out, double post) {
     {
       comm::label lbl("exact_range");
-      c.all_reduce(max_.data(), max_.data(), max_.size(), dtype::f64, comm::reduce_op::max);
+      max_over(max_.data(), max_.size());
     }
     ops::for_each(size(), judge_range_fn{max_.data(), scale_.data(), next_.data(), bad_.data()});
     for (std::size_t u = 0; u < size(); ++u) {
       std::span<G> g = out(u);
-      TESSERA_CHECK(2 * g.size() <= acc_[u].size(), "exact_sums: unit ", u, " has ", acc_[u].size() / 2,
-                    " accumulated gradients, ", g.size(), " requested");
-      ops::for_each(g.size(), from_limbs_fn<G>{acc_[u].data(), g.data(), scale_.data() + u, bad_.data() + u, post});
+      const auto& src = has_part(u) ? part_[u] : acc_[u];
+      TESSERA_CHECK(2 * g.size() <= src.size(), "exact_sums: unit ", u, " has ", src.size() / 2,
+                    " summed gradients, ", g.size(), " requested");
+      ops::for_each(g.size(), from_limbs_fn<G>{src.data(), g.data(), scale_.data() + u, bad_.data() + u, post});
     }
     ops::copy(scale_.span(), std::span<const int>(next_.span()));
   }
@@ -177,7 +184,7 @@ public:
 private:
   void note(std::size_t u, std::span<const G> g) { ops::max_abs_into(g, max_.data() + u); }
 
-  std::vector<buffer<std::int64_t>> acc_;
+  std::vector<buffer<std::int64_t>> acc_, part_;  // per unit: the accumulator; this replica's part (outer<optim>)
   buffer<double> max_;      // per unit: the largest |addend| this step (this rank, then all)
   buffer<int> scale_, next_, bad_;
   std::vector<bool> fresh_;

@@ -61,6 +61,16 @@ public:
     if constexpr (splits) reqs_.at(u) = comm_.ireduce_scatter(group.data(), part.data(), part.size(), dtype_of_v<G>, op);
     else reqs_.at(u) = comm_.iall_reduce(group.data(), group.data(), group.size(), dtype_of_v<G>, op);
   }
+  //! exact_reduction: the same for unit u's limbs, once they hold the
+  //! group's sum: an integer all-reduce of the n `group` limbs in place, or
+  //! a reduce-scatter into this replica's n / R `part` limbs (outer<optim>).
+  //! Integer sums, so no division here (exact_sums divides once at the end).
+  void issue_limbs(std::size_t u, std::int64_t* group, std::size_t n, std::int64_t* part, std::string_view name) {
+    if (!active()) return;
+    comm::label lbl("outer_reduce", std::string(name).c_str());
+    if constexpr (splits) reqs_.at(u) = comm_.ireduce_scatter(group, part, n / std::size_t(size()), dtype::i64, comm::reduce_op::sum);
+    else reqs_.at(u) = comm_.iall_reduce(group, group, n, dtype::i64, comm::reduce_op::sum);
+  }
   //! Completes every reduction across replicas.
   void wait_all() {
     for (auto& q : reqs_) q.wait();
@@ -69,6 +79,10 @@ public:
   //! under outer<no_shard> every replica holds the same, which would count twice).
   template <class T> void combine_partials(T* x, std::size_t n, comm::reduce_op op) {
     if (active() && splits) comm_.all_reduce(x, x, n, dtype_of_v<T>, op);
+  }
+  //! The largest of n values over every replica (each replica adds different micro-batches).
+  void max_over_replicas(double* x, std::size_t n) {
+    if (active()) comm_.all_reduce(x, x, n, dtype::f64, comm::reduce_op::max);
   }
   //! The second half of a mesh-wide agree_or_throw: `group` is what the shard
   //! group agreed on (null: no rank of it failed).

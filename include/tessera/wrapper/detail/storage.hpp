@@ -105,6 +105,13 @@ struct storage {
     for (const auto& u : units) n.push_back(persistent_full_grads || solo(world) ? u.padded_numel() : u.shard_numel());
     return n;
   }
+  //! ... and on a mesh under outer<optim>, the replica's part of each shard
+  //! (what the reduce-scatter across replicas leaves here), else 0.
+  static std::vector<std::size_t> exact_part_sizes(const std::vector<unit_layout>& units) {
+    std::vector<std::size_t> n;
+    for (const auto& u : units) n.push_back(u.splits() > 1 ? u.shard_numel() / u.splits() : 0);
+    return n;
+  }
 
   //! Bytes of one reduction-pool slot for units of `padded` elements.
   static std::size_t slot_bytes(std::size_t padded, std::size_t shard, bool permuted) noexcept {
@@ -138,6 +145,7 @@ struct storage {
     if constexpr (exact) {
       std::size_t n = 0;
       for (std::size_t k : exact_sizes(units, world)) n += k;
+      for (std::size_t k : exact_part_sizes(units)) n += k;
       p.grads += exact_sums<G, typename Cfg::backend_type>::bytes(n, units.size());
     }
     if (alone) return p;  // no gather or reduction buffers: nothing is communicated
