@@ -124,6 +124,17 @@ __global__ void max_abs_kernel(const T* x, std::size_t n, double* acc) {
   if (threadIdx.x == 0)
     atomicMax(reinterpret_cast<unsigned long long*>(acc), static_cast<unsigned long long>(__double_as_longlong(bm)));
 }
+template <class F, int Threads>
+__global__ void for_each_max_kernel(std::size_t n, F f, double* acc) {
+  double m = 0;
+  for (std::size_t i = std::size_t(blockIdx.x) * Threads + threadIdx.x; i < n; i += std::size_t(gridDim.x) * Threads)
+    m = fmax(m, f(i));
+  using reduce = cub::BlockReduce<double, Threads>;
+  __shared__ typename reduce::TempStorage tmp;
+  const double bm = reduce(tmp).Reduce(m, [](double a, double b) { return a > b ? a : b; });
+  if (threadIdx.x == 0)
+    atomicMax(reinterpret_cast<unsigned long long*>(acc), static_cast<unsigned long long>(__double_as_longlong(bm)));
+}
 template <class T, int Threads>
 __global__ void sum_squares_fixed_kernel(const T* x, std::size_t n, const double* max, std::uint64_t* acc) {
   const double m = *max;
@@ -288,6 +299,15 @@ struct backend_ops<backend::cuda> {
         unsigned(std::min<std::size_t>(cuda::detail::full_grid(threads), (x.size() + threads - 1) / threads));
     cuda::detail::sum_squares_kernel<T, threads>
         <<<blocks, threads, 0, cuda::current_stream()>>>(x.data(), x.size(), acc, aligned_for<16 / sizeof(T)>(x.data()));
+    TESSERA_CUDA(cudaGetLastError());
+  }
+
+  //! f(i) for i in [0, n), each returning a magnitude; acc[0] (device
+  //! memory) becomes the largest of them and itself (see the host backend).
+  template <class F> static void for_each_max(std::size_t n, const F& f, double* acc) {
+    if (n == 0) return;
+    const unsigned blocks = unsigned(std::min<std::size_t>(cuda::detail::full_grid(threads), (n + threads - 1) / threads));
+    cuda::detail::for_each_max_kernel<F, threads><<<blocks, threads, 0, cuda::current_stream()>>>(n, f, acc);
     TESSERA_CUDA(cudaGetLastError());
   }
 

@@ -74,6 +74,15 @@ struct backend_ops<backend::host> {
     acc[1] += bad;
   }
 
+  //! Calls f(i) for i in [0, n), each returning a non-negative magnitude
+  //! (+inf for a value that is not finite), and sets acc[0] to the largest
+  //! of them and acc[0]: one pass where a kernel also needs its range.
+  template <class F> static void for_each_max(std::size_t n, F f, double* acc) {
+    double m = acc[0];
+    for (std::size_t i = 0; i < n; ++i) m = std::max(m, f(i));
+    acc[0] = m;
+  }
+
   //! acc[0] = max(acc[0], largest |x[i]|), +inf where some element is not
   //! finite (exact_reduction's range; acc is backend memory).
   template <class T> static void max_abs_into(std::span<const T> x, double* acc) {

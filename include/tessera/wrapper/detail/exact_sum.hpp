@@ -37,13 +37,15 @@ namespace tessera::detail {
 
 //! dst[2i], dst[2i+1] = (or +=) the limbs of src[i] at scale *s; 0 for an
 //! addend that does not fit (the step is skipped then: see exact_sums).
+//! Returns |src[i]| (+inf where not finite) for the unit's range, which
+//! backend_ops::for_each_max takes in the same pass.
 template <class G>
 struct to_limbs_fn {
   const G* src;
   std::int64_t* dst;
   const int* scale;
   bool add;
-  TESSERA_HOST_DEVICE void operator()(std::size_t i) const {
+  TESSERA_HOST_DEVICE double operator()(std::size_t i) const {
     const double g = convert<double>(src[i]);
     const int s = *scale;
     std::int64_t hi = 0, lo = 0;
@@ -55,6 +57,8 @@ struct to_limbs_fn {
       dst[2 * i] = hi;
       dst[2 * i + 1] = lo;
     }
+    const double a = ::fabs(g);
+    return a < 1.0e308 ? a : double(INFINITY);  // NaN and inf: inf, so the max says so
   }
 };
 //! dst[i] += src[i] (or = when overwrite), over limbs.
@@ -123,14 +127,13 @@ public:
   //! Rounds one micro-batch's gradients g of unit u onto its grid and adds
   //! them to its accumulator (first elements of it: g.size()).
   void add(std::size_t u, std::span<const G> g) {
-    note(u, g);
-    ops::for_each(g.size(), to_limbs_fn<G>{g.data(), acc_.at(u).data(), scale_.data() + u, !fresh_[u]});
+    ops::for_each_max(g.size(), to_limbs_fn<G>{g.data(), acc_.at(u).data(), scale_.data() + u, !fresh_[u]},
+                      max_.data() + u);
     fresh_[u] = false;
   }
   //! Rounds g onto unit u's grid into `out` (2 g.size() limbs) for a collective.
   void round(std::size_t u, std::span<const G> g, std::int64_t* out) {
-    note(u, g);
-    ops::for_each(g.size(), to_limbs_fn<G>{g.data(), out, scale_.data() + u, false});
+    ops::for_each_max(g.size(), to_limbs_fn<G>{g.data(), out, scale_.data() + u, false}, max_.data() + u);
   }
   //! Unit u's accumulator, 2 limbs per gradient.
   [[nodiscard]] std::int64_t* limbs(std::size_t u) { return acc_.at(u).data(); }
@@ -182,8 +185,6 @@ public:
   }
 
 private:
-  void note(std::size_t u, std::span<const G> g) { ops::max_abs_into(g, max_.data() + u); }
-
   std::vector<buffer<std::int64_t>> acc_, part_;  // per unit: the accumulator; this replica's part (outer<optim>)
   buffer<double> max_;      // per unit: the largest |addend| this step (this rank, then all)
   buffer<int> scale_, next_, bad_;
