@@ -8,10 +8,23 @@
 //! sum_squares_into (adds the sum of squares in double and the count of
 //! non-finite values to two doubles in backend memory),
 //! and synchronize(). Element functors are shared between backends.
+#include <cstddef>
+
+#include "tessera/core/config.hpp"
+#include "tessera/core/dtype.hpp"
+#include "tessera/core/fixed_point.hpp"
 #include "tessera/policy/backend.hpp"
 
 namespace tessera {
 template <class B> struct backend_ops;  // specialised per backend
+
+namespace detail {
+//! fixed::magnitude of x[i]: what backend_ops<B>::max_abs_into takes the max of.
+template <class T> struct magnitude_at {
+  const T* x;
+  TESSERA_HOST_DEVICE double operator()(std::size_t i) const { return fixed::magnitude(convert<double>(x[i])); }
+};
+}  // namespace detail
 
 //! A backend whose operations are visible in this translation unit.
 template <class B>

@@ -40,6 +40,11 @@ TESSERA_HOST_DEVICE inline int top_exponent(double m) {
   (void)::frexp(m, &e);
   return e;
 }
+//! |g|, and +inf where g is not finite (a max over magnitudes then says so).
+TESSERA_HOST_DEVICE inline double magnitude(double g) {
+  const double a = ::fabs(g);
+  return a < 1.0e308 ? a : double(INFINITY);
+}
 //! Whether every addend of magnitude up to m fits scale s (false for NaN and inf).
 TESSERA_HOST_DEVICE inline bool fits(double m, int s) { return ::fabs(::ldexp(m, s)) < 0x1p74; }
 //! The scale for a unit whose largest addend was m (keeps s where m says nothing: zero or not finite).

@@ -110,20 +110,6 @@ __global__ void sum_squares_kernel(const T* x, std::size_t n, double* acc, bool 
 // exact_reduction's passes: the largest magnitude, then the squares on a
 // fixed-point grid. Integer and max reductions give the same result in any
 // order, so the atomics across blocks are deterministic.
-template <class T, int Threads>
-__global__ void max_abs_kernel(const T* x, std::size_t n, double* acc) {
-  double m = 0;
-  for (std::size_t i = std::size_t(blockIdx.x) * Threads + threadIdx.x; i < n; i += std::size_t(gridDim.x) * Threads) {
-    const double d = fabs(convert<double>(x[i]));
-    m = isfinite(d) ? fmax(m, d) : INFINITY;
-  }
-  using reduce = cub::BlockReduce<double, Threads>;
-  __shared__ typename reduce::TempStorage tmp;
-  const double bm = reduce(tmp).Reduce(m, [](double a, double b) { return a > b ? a : b; });
-  // Non-negative doubles order as their bit patterns do.
-  if (threadIdx.x == 0)
-    atomicMax(reinterpret_cast<unsigned long long*>(acc), static_cast<unsigned long long>(__double_as_longlong(bm)));
-}
 template <class F, int Threads>
 __global__ void for_each_max_kernel(std::size_t n, F f, double* acc) {
   double m = 0;
@@ -132,6 +118,7 @@ __global__ void for_each_max_kernel(std::size_t n, F f, double* acc) {
   using reduce = cub::BlockReduce<double, Threads>;
   __shared__ typename reduce::TempStorage tmp;
   const double bm = reduce(tmp).Reduce(m, [](double a, double b) { return a > b ? a : b; });
+  // Non-negative doubles order as their bit patterns do.
   if (threadIdx.x == 0)
     atomicMax(reinterpret_cast<unsigned long long*>(acc), static_cast<unsigned long long>(__double_as_longlong(bm)));
 }
@@ -314,11 +301,7 @@ struct backend_ops<backend::cuda> {
   //! acc[0] = max(acc[0], largest |x[i]|), +inf where some element is not
   //! finite (device memory; see the host backend).
   template <class T> static void max_abs_into(std::span<const T> x, double* acc) {
-    if (x.empty()) return;
-    const unsigned blocks =
-        unsigned(std::min<std::size_t>(cuda::detail::full_grid(threads), (x.size() + threads - 1) / threads));
-    cuda::detail::max_abs_kernel<T, threads><<<blocks, threads, 0, cuda::current_stream()>>>(x.data(), x.size(), acc);
-    TESSERA_CUDA(cudaGetLastError());
+    for_each_max(x.size(), tessera::detail::magnitude_at<T>{x.data()}, acc);
   }
   //! The squares of x on the fixed-point grid of *max, added to three uint64 limbs (see the host backend).
   template <class T> static void sum_squares_fixed_into(std::span<const T> x, const double* max, std::uint64_t* acc) {

@@ -86,12 +86,7 @@ struct backend_ops<backend::host> {
   //! acc[0] = max(acc[0], largest |x[i]|), +inf where some element is not
   //! finite (exact_reduction's range; acc is backend memory).
   template <class T> static void max_abs_into(std::span<const T> x, double* acc) {
-    double m = acc[0];
-    for (const T& v : x) {
-      const double d = std::fabs(convert<double>(v));
-      m = std::isfinite(d) ? std::max(m, d) : INFINITY;
-    }
-    acc[0] = m;
+    for_each_max(x.size(), detail::magnitude_at<T>{x.data()}, acc);
   }
   //! Adds every finite x[i]^2 onto the fixed-point grid of the largest
   //! magnitude *max (from max_abs_into, agreed over the ranks) as three

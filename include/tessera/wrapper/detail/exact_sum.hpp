@@ -57,8 +57,7 @@ struct to_limbs_fn {
       dst[2 * i] = hi;
       dst[2 * i + 1] = lo;
     }
-    const double a = ::fabs(g);
-    return a < 1.0e308 ? a : double(INFINITY);  // NaN and inf: inf, so the max says so
+    return fixed::magnitude(g);
   }
 };
 //! dst[i] += src[i] (or = when overwrite), over limbs.
