@@ -156,7 +156,8 @@ inline int parse(int argc, char** argv, options& o) {
     o.accum = int(o.tokens / o.micro_tokens);  // the global count; each rank runs accum / N of them
   }
   if (o.lend_grad_shards && o.backend != "cuda") return bad("--lend-grad-shards needs --backend cuda");
-  if (o.lend_grad_shards && o.accum > 1 && (o.strategy == "optim_grads" || o.strategy == "optim_grads_params"))
+  // (--deterministic: --accum is then the global count; each rank's, accum / N, is checked by the wrapper.)
+  if (o.lend_grad_shards && o.accum > 1 && !o.deterministic && (o.strategy == "optim_grads" || o.strategy == "optim_grads_params"))
     return bad("--lend-grad-shards holds one micro-batch's reduction; use --accum 1 with --strategy " + o.strategy);
   if (!o.shard_group.empty() && o.shard_group != "node") {
     int S = 0;
