@@ -287,7 +287,7 @@ public:
         comm_.all_reduce(x, x, n, dtype::f64, comm::reduce_op::max);
         outer_.max_over_replicas(x, n);
       };
-      exact_.finish(max_over, [this](std::size_t u) { return exact_alone_ ? std::span<G>() : store_.opt_grads(u); },
+      exact_.finish(max_over, [this](std::size_t u) { return exact_alone() ? std::span<G>() : store_.opt_grads(u); },
                     exact_post());
     }
     grads_ready_ = true;
@@ -487,10 +487,7 @@ private:
   void reduce_exact(std::size_t u) {
     const auto& L = layout(u);
     comm::label lbl("reduce_grads", L.name().c_str());
-    // One rank and one micro-batch: each sum has one addend, which is its own
-    // exact sum (and no other world size runs this step's single micro-batch).
-    exact_alone_ = solo_ && mb_count_ == 1 && !outer_.active();
-    if (exact_alone_) return;
+    if (exact_alone()) return;
     if (store_.has_full_grads()) {
       exact_.add(u, std::span<const G>(store_.full_grads(u)));
       store_[u].zero_pending = true;  // the next micro-batch writes afresh
@@ -521,6 +518,10 @@ private:
                        landing::limbs, exact_.limbs(u), 2 * L.shard_numel(), exact_.take_fresh(u));
     if (opt_.poison_released) slots_.note_sent(s, slot_grads(u));
   }
+  // One rank, no replicas, one micro-batch: each sum has one addend, which is
+  // its own exact sum (and no other world size runs this step's single
+  // micro-batch), so the gradients pass through.
+  bool exact_alone() const noexcept { return solo_ && mb_count_ == 1 && !outer_.active(); }
   // exact_reduction's 1/N: the averaging policies divide the exact sum once.
   double exact_post() const {
     return std::is_same_v<typename Cfg::averaging, tessera::sum> ? 1.0 : 1.0 / (double(world()) * replicas());
@@ -661,7 +662,6 @@ private:
   memory_plan plan_;
   bool grads_ready_ = false, mb_open_ = false, solo_ = false;
   bool touched_ = false;  // a micro-batch began or a gradient was written or reduced since zero_grad
-  bool exact_alone_ = false;  // exact_reduction, one rank and one micro-batch: the gradients are their own sum
   int mb_index_ = 0, mb_count_ = 1, last_gathered_ = -1;
 };
 

@@ -16,8 +16,8 @@
 //! survives it. Scales are part of a checkpoint.
 //!
 //! Cost: 16 bytes per element on the wire and in the accumulator (4 for a
-//! float wire), a max pass and a conversion per micro-batch, one conversion
-//! back per step. None of it on one rank with one micro-batch per step: a
+//! float wire), a conversion per micro-batch (which also takes the range),
+//! one conversion back per step. None of it on one rank with one micro-batch per step: a
 //! single addend is its own exact sum (the engine passes its gradients
 //! through; out(u) is empty in finish then).
 #include <cstddef>
