@@ -7,6 +7,22 @@
 
 #include "run.hpp"
 
+namespace {
+// --plan auto's limit without --gpu-memory: the GPU's memory less 2 GiB for
+// the CUDA context and NCCL's buffers, which the library does not count.
+double default_gpu_bytes(const mlp_lm::options& o) {
+#if TESSERA_CUDA_COMPILER
+  if (o.backend == "cuda") {
+    cudaDeviceProp p{};
+    TESSERA_CUDA(cudaGetDeviceProperties(&p, 0));
+    return double(p.totalGlobalMem) - double(2ull << 30);
+  }
+#endif
+  (void)o;
+  return 0;
+}
+}  // namespace
+
 int main(int argc, char** argv) {
   mlp_lm::options o;
   if (const int rc = mlp_lm::parse(argc, argv, o); rc >= 0) return rc;
@@ -14,6 +30,13 @@ int main(int argc, char** argv) {
   // instead of finalising MPI while the others wait in a collective.
   return tessera::comm::mpi_main(argc, argv, [&] {
     const bool check_order = o.order_check != "off";  // MPI: auto = on
+    if (o.plan == "auto") {  // every rank computes the same choice; agree_on_options checks it
+      int n = 1, r = 0;
+      MPI_Comm_size(MPI_COMM_WORLD, &n);
+      MPI_Comm_rank(MPI_COMM_WORLD, &r);
+      const std::string why = mlp_lm::apply_plan_auto(o, n, default_gpu_bytes(o));
+      if (r == 0) std::printf("tessera-mlp-lm %s\n", why.c_str());
+    }
     tessera::comm::mpi world(tessera::comm::mpi_options{.timeout_s = o.timeout, .order_check = check_order});
     mlp_lm::agree_on_options(world, o);
     return o.deterministic ? mlp_lm::run_exact(o, world) : mlp_lm::run_backend<tessera::float_reduction>(o, world);

@@ -36,6 +36,11 @@ struct options {
   // global count, tokens / micro_tokens).
   bool deterministic = false;
   long micro_tokens = 0;
+  // --plan auto: the planner (mlp_lm/planning.hpp) picks wrapper, strategy,
+  // mesh and memory savings for the world size, on this topology file
+  // (empty: published 8xH200 figures), within gpu_memory GiB per GPU.
+  std::string plan, topology;
+  double gpu_memory = 0;
 };
 
 //! Parses argv into o. Returns -1 to continue, else the exit code (0 after --help).
@@ -73,6 +78,16 @@ inline int parse(int argc, char** argv, options& o) {
   app.add_option("--micro-tokens", o.micro_tokens,
                  "--deterministic: tokens per micro-batch (divides --tokens; the world size must divide the count)")
       ->check(CLI::Range(1L, 1L << 30));
+  app.add_option("--plan", o.plan,
+                 "auto: the planner picks --wrapper, --strategy, --shard-group, --outer, --copy-engine-gathers, "
+                 "--recompute-gelu and --lend-grad-shards for this world size (the fastest predicted that fits "
+                 "--gpu-memory; tessera-plan best shows the ranking)")
+      ->check(CLI::IsMember({"auto"}));
+  app.add_option("--topology", o.topology, "--plan auto: a topology JSON (tessera-plan calibrate writes one)");
+  app.add_option("--gpu-memory", o.gpu_memory,
+                 "--plan auto: GiB per GPU the configuration must fit (default: the GPU's memory less 2 GiB for the "
+                 "CUDA context and NCCL; none on the host backend)")
+      ->check(CLI::Range(0.0, 1e6));
   app.add_option("--wrapper", o.wrapper, "ddp, fsdp (flat shards) or fsdp2 (per-parameter row shards; optim_grads_params)")
       ->check(CLI::IsMember({"ddp", "fsdp", "fsdp2"}));
   app.add_option("--strategy", o.strategy, "no_shard, optim, optim_grads or optim_grads_params")
@@ -159,6 +174,13 @@ inline int parse(int argc, char** argv, options& o) {
   // (--deterministic: --accum is then the global count; each rank's, accum / N, is checked by the wrapper.)
   if (o.lend_grad_shards && o.accum > 1 && !o.deterministic && (o.strategy == "optim_grads" || o.strategy == "optim_grads_params"))
     return bad("--lend-grad-shards holds one micro-batch's reduction; use --accum 1 with --strategy " + o.strategy);
+  if (!o.plan.empty()) {
+    for (const char* f : {"--wrapper", "--strategy", "--shard-group", "--outer", "--copy-engine-gathers", "--recompute-gelu",
+                          "--lend-grad-shards"})
+      if (app.count(f)) return bad(std::string("--plan auto chooses ") + f + " itself; drop it (or drop --plan)");
+  } else if (app.count("--topology") || app.count("--gpu-memory")) {
+    return bad("--topology and --gpu-memory apply to --plan auto only");
+  }
   if (!o.shard_group.empty() && o.shard_group != "node") {
     int S = 0;
     const auto [end, ec] = std::from_chars(o.shard_group.data(), o.shard_group.data() + o.shard_group.size(), S);
@@ -173,6 +195,11 @@ inline int parse(int argc, char** argv, options& o) {
                                    : "--wrapper fsdp2 runs optim_grads_params only; use --wrapper fsdp or ddp for " + o.strategy);
   return -1;
 }
+
+//! --plan auto: sets the options the planner chooses for `world` ranks
+//! (plan_auto.cpp); `gpu_bytes` is the limit where --gpu-memory is not
+//! given (0: none). Returns a line saying what it chose and why.
+std::string apply_plan_auto(options& o, int world, double gpu_bytes);
 
 //! Every option as "name=value" lines: ranks compare it before training
 //! (a flag given to one rank only would otherwise train inconsistently, or
@@ -203,6 +230,7 @@ inline std::string describe(const options& o) {
   put("shard-group", o.shard_group), put("outer", o.outer), put("overlap-updates", o.overlap_updates);
   put("offload-optimizer", o.offload), put("offload-update", o.offload_update);
   put("deterministic", o.deterministic), put("micro-tokens", o.micro_tokens);
+  put("plan", o.plan), put("topology", o.topology), put("gpu-memory", o.gpu_memory);
   return s;
 }
 

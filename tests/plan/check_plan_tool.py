@@ -5,7 +5,8 @@ planner's total (computed without MPI, without allocating) equals the
 busiest rank's estimate that tessera-mlp-lm prints for the same flags after
 it has built the wrapper and optimizer, byte for byte, part by part where the
 trainer reports parts. Bad flags exit 2 with one tessera: line; a model that
-does not fit --gpu-memory exits 3.
+does not fit --gpu-memory exits 3. tessera-mlp-lm --plan auto chooses what
+tessera-plan best --search trainer names, and trains with it.
 
 usage: check_plan_tool.py MPIEXEC TRAINER PLANNER"""
 import json
@@ -74,5 +75,25 @@ expect(['memory', '--d', '30', '--ctx', '8'], 2, 'multiple of --ctx')
 expect(['memory', '--layers', '8', '--d', '4096', '--tokens', '8192', '--gpu-memory', '16'], 3, '')
 expect(['memory', '--lend-grad-shards', '--backend', 'host'], 2, "cuda trainer's")
 expect(['memory', '--lend-grad-shards', '--accum', '2'], 2, 'use --accum 1')
+# tessera-mlp-lm --plan auto takes what tessera-plan best --search trainer names, and trains with it.
+for np_, flags in [(2, ['--precision', 'fp32', '--tokens', '962']),
+                   (4, ['--precision', 'fp32', '--layers', '4', '--d', '128', '--tokens', '4096', '--gpu-memory', '0.0197']),
+                   (3, ['--precision', 'bf16', '--tokens', '960'])]:
+    gm = [flags[i + 1] for i in range(len(flags)) if flags[i] == '--gpu-memory']
+    model_flags = [f for i, f in enumerate(flags) if f != '--gpu-memory' and (i == 0 or flags[i - 1] != '--gpu-memory')]
+    b = subprocess.run([planner, 'best', '--backend', 'host', '--gpus', str(np_), '--search', 'trainer', '--json'] +
+                       model_flags + (['--gpu-memory'] + gm if gm else []), capture_output=True, text=True, timeout=120)
+    run = subprocess.run([mpiexec, '--oversubscribe', '--bind-to', 'none', '-np', str(np_), trainer, '--backend', 'host',
+                          '--steps', '2', '--json', '--plan', 'auto'] + flags, capture_output=True, text=True, timeout=120)
+    summary = [json.loads(l) for l in run.stdout.splitlines() if l.startswith('{') and '"summary"' in l]
+    chose = [l for l in run.stdout.splitlines() if l.startswith('tessera-mlp-lm --plan auto:')]
+    ok = b.returncode == 0 and run.returncode == 0 and summary and len(chose) == 1
+    if ok:
+        best = json.loads(b.stdout)['best']
+        ok = chose[0].split(': ', 1)[1].startswith(best['flags'].replace(' --precision ' + ('bf16' if 'bf16' in flags else 'fp32'), ''))
+        ok &= summary[0].get('final_loss', 1e9) < 6
+    fail |= not ok
+    print(f"{'ok' if ok else 'FAIL'}: --plan auto at {np_} ranks {' '.join(flags)}: {chose[0] if chose else run.stderr[-800:]}"
+          f" (tessera-plan best: {json.loads(b.stdout)['best']['flags'] if b.returncode == 0 else b.stderr})")
 print('tessera-plan memory check:', 'FAIL' if fail else 'all passed')
 sys.exit(fail)

@@ -34,4 +34,10 @@ check --deterministic --micro-tokens 7
 check --deterministic --micro-tokens 64 --accum 2
 check --shard-group 2 --outer optim --wrapper ddp --strategy optim_grads
 check --shard-group 2 --outer replicate
+check --plan manual
+check --plan auto --strategy optim
+check --plan auto --shard-group 2
+check --topology t.json
+check --gpu-memory 80
+check --plan auto --gpu-memory -1
 exit $fail

@@ -34,13 +34,13 @@
 #include <string>
 #include <vector>
 
-#include "estimate.hpp"
-#include "topology_json.hpp"
+#include "mlp_lm/planning.hpp"
+#include "mlp_lm/topology_json.hpp"
 
 namespace {
 
-using plan_tool::estimate;
-using plan_tool::options;
+using mlp_lm::planning::estimate;
+using mlp_lm::planning::options;
 using tessera::plan::topology;
 
 double mib(std::size_t b) { return double(b) / double(1 << 20); }
@@ -79,7 +79,7 @@ void add_config(CLI::App* a, options& o) {
 }
 
 estimate evaluate_or_throw(const options& o, const topology& t) {
-  if (auto e = plan_tool::evaluate_named(o, t)) return *e;
+  if (auto e = mlp_lm::planning::evaluate_named(o, t)) return *e;
   throw tessera::error("--wrapper " + o.wrapper + " --strategy " + o.strategy + " --outer " + o.outer +
                        " is not a valid combination (ddp runs no_shard, optim, optim_grads; fsdp2 optim_grads_params; "
                        "--outer optim is compiled for --wrapper fsdp --strategy optim_grads_params, as in "
@@ -207,95 +207,40 @@ int cmd_predict(const options& o, const topology& t) {
   return fits ? 0 : 3;
 }
 
-// Candidate configurations for N GPUs: every compiled wrapper x strategy,
-// flat and on meshes (shard groups a power of two dividing N, HSDP and
-// HFSDP), two or all gather buffers, fp32 or bf16 wire, SM or copy-engine
-// gathers, lent shards and recomputation where they save memory.
-std::vector<options> candidates(const options& base, int units) {
-  std::vector<options> out;
-  const std::vector<std::pair<std::string, std::string>> ws{
-      {"ddp", "no_shard"},   {"ddp", "optim"},          {"ddp", "optim_grads"},         {"fsdp", "no_shard"},
-      {"fsdp", "optim"},     {"fsdp", "optim_grads"},   {"fsdp", "optim_grads_params"}, {"fsdp2", "optim_grads_params"}};
-  std::vector<int> groups{0};
-  for (int s = 1; s < base.gpus; s *= 2)
-    if (base.gpus % s == 0) groups.push_back(s);
-  for (const auto& [w, st] : ws)
-    for (const int g : groups)
-      for (const std::string outer : {"no_shard", "optim"}) {
-        if (outer == "optim" && (g == 0 || w != "fsdp" || st != "optim_grads_params")) continue;
-        for (const int gb : {2, units + 1}) {
-          if (gb != 2 && st != "optim_grads_params") continue;
-          for (const std::string wire : {"fp32", "bf16"}) {
-            if (wire == "bf16" && base.precision != "bf16") continue;
-            for (const bool ce : {false, true}) {
-              if (ce && st != "optim_grads_params") continue;
-              for (const int saving : {0, 1, 2}) {  // nothing, --recompute-gelu, + --lend-grad-shards
-                if (saving == 2 && (base.accum > 1 || base.backend != "cuda")) continue;
-                options o = base;
-                o.wrapper = w, o.strategy = st, o.shard_group = g, o.outer = outer, o.gather_buffers = gb;
-                o.wire = wire, o.copy_engine_gathers = ce;
-                o.recompute_gelu = saving >= 1, o.lend_grad_shards = saving == 2;
-                out.push_back(o);
-              }
-            }
-          }
-        }
-      }
-  return out;
-}
-
-int cmd_best(const options& base, const topology& t) {
-  options probe = base;
-  const int units = evaluate_or_throw(probe, t).units;
-  struct scored {
-    options o;
-    estimate e;
-  };
-  std::vector<scored> fit;
-  int tried = 0;
+int cmd_best(const options& base, const topology& t, const std::string& search) {
+  const auto space = search == "all" ? mlp_lm::planning::search_space{}
+                                     : mlp_lm::planning::trainer_space(search == "trainer-nccl");
+  const mlp_lm::planning::choice c = mlp_lm::planning::choose(base, t, space);
   const double limit = base.gpu_memory_gib * double(1ull << 30);
-  for (auto& o : candidates(base, units)) {
-    auto e = plan_tool::evaluate_named(o, t);
-    if (!e) continue;
-    ++tried;
-    if (limit <= 0 || double(e->total()) <= limit) fit.push_back({o, *e});
-  }
-  std::sort(fit.begin(), fit.end(), [](const scored& a, const scored& b) {
-    return a.e.time.step_us != b.e.time.step_us ? a.e.time.step_us < b.e.time.step_us : a.e.total() < b.e.total();
-  });
-  if (fit.empty()) {
-    std::fprintf(stderr, "tessera: none of %d configurations fits %.2f GiB per GPU\n", tried, base.gpu_memory_gib);
+  if (c.ranked.empty()) {
+    std::fprintf(stderr, "tessera: none of %d configurations fits %.2f GiB per GPU\n", c.tried, base.gpu_memory_gib);
     return 1;
   }
-  const auto row = [&](const scored& s) {
+  const auto row = [&](const mlp_lm::planning::scored& s) {
     nlohmann::json j = time_json(s.o, s.e);
     j["config"] = describe(s.o);
     j["flags"] = trainer_flags(s.o);
     j["memory_bytes"] = s.e.total();
     return j;
   };
-  nlohmann::json j{{"gpus", base.gpus}, {"tried", tried}, {"fit", fit.size()}, {"best", row(fit[0])}, {"topology", t.name}};
-  // The runner-up: the fastest slower one (configurations that differ from
-  // the best only in memory-saving flags that cost nothing are not rivals).
-  const auto second = std::find_if(fit.begin() + 1, fit.end(), [&](const scored& s) {
-    return s.e.time.step_us > fit[0].e.time.step_us * (1 + 1e-9);
-  });
-  if (second != fit.end()) {
-    j["runner_up"] = row(*second);
-    j["margin"] = second->e.time.step_us / fit[0].e.time.step_us - 1.0;
+  const auto& best = c.ranked.front();
+  nlohmann::json j{{"gpus", base.gpus}, {"tried", c.tried}, {"fit", c.ranked.size()}, {"best", row(best)}, {"topology", t.name}};
+  if (const auto* r = c.runner_up()) {
+    j["runner_up"] = row(*r);
+    j["margin"] = r->e.time.step_us / best.e.time.step_us - 1.0;
   }
   if (base.json) {
     std::printf("%s\n", j.dump().c_str());
     return 0;
   }
-  std::printf("tessera-plan best: %d GPUs, %d configurations, %zu fit", base.gpus, tried, fit.size());
+  std::printf("tessera-plan best: %d GPUs, %d configurations, %zu fit", base.gpus, c.tried, c.ranked.size());
   if (limit > 0) std::printf(" in %.2f GiB", base.gpu_memory_gib);
   std::printf(" (topology %s)\n", t.name.c_str());
-  for (std::size_t i = 0; i < std::min<std::size_t>(fit.size(), 5); ++i)
-    std::printf("  %zu. %-58s %9.3f ms  %8.0f tokens/s/GPU  %9.1f MiB\n", i + 1, describe(fit[i].o).c_str(),
-                fit[i].e.time.step_us / 1e3, double(base.tokens) / base.gpus / (fit[i].e.time.step_us * 1e-6),
-                mib(fit[i].e.total()));
-  std::printf("best: %s\n", trainer_flags(fit[0].o).c_str());
+  for (std::size_t i = 0; i < std::min<std::size_t>(c.ranked.size(), 5); ++i)
+    std::printf("  %zu. %-58s %9.3f ms  %8.0f tokens/s/GPU  %9.1f MiB\n", i + 1, describe(c.ranked[i].o).c_str(),
+                c.ranked[i].e.time.step_us / 1e3, double(base.tokens) / base.gpus / (c.ranked[i].e.time.step_us * 1e-6),
+                mib(c.ranked[i].e.total()));
+  std::printf("best: %s\n", trainer_flags(best.o).c_str());
   if (j.contains("margin"))
     std::printf("runner-up: %s, %.2f%% slower\n", j["runner_up"]["config"].get<std::string>().c_str(),
                 100 * j["margin"].get<double>());
@@ -343,7 +288,7 @@ int cmd_sweep(const options& base, const topology& t, long tokens_per_gpu, const
       options o = base;
       o.gpus = n, o.tokens = tokens_per_gpu * n, o.wrapper = l.wrapper, o.strategy = l.strategy, o.outer = l.outer;
       o.shard_group = l.group;
-      plan_tool::check(o);
+      mlp_lm::planning::check(o);
       const estimate e = evaluate_or_throw(o, t);
       const double limit = o.gpu_memory_gib * double(1ull << 30);
       const bool fits = limit <= 0 || double(e.total()) <= limit;
@@ -355,7 +300,7 @@ int cmd_sweep(const options& base, const topology& t, long tokens_per_gpu, const
     }
   if (!out_path.empty()) {
     std::ofstream f(out_path);
-    f << nlohmann::json{{"topology", plan_tool::to_json(t)},
+    f << nlohmann::json{{"topology", mlp_lm::planning::to_json(t)},
                         {"model", {{"layers", base.layers}, {"d", base.d}, {"ctx", base.ctx}}},
                         {"tokens_per_gpu", tokens_per_gpu},
                         {"rows", rows}}
@@ -430,7 +375,7 @@ int cmd_calibrate(const std::vector<std::string>& colls, const std::vector<std::
     for (const auto& r : j.at("results")) {
       options o = bench_options(j, r);
       if (o.gpus == 1) {
-        const auto ops = plan_tool::compute_of(o, double(o.tokens / o.accum));
+        const auto ops = mlp_lm::planning::compute_of(o, double(o.tokens / o.accum));
         solo_row s{0, 0, double(ops.size()), (r.at("ms").get<double>() - r.at("optimizer_ms").get<double>()) * 1e3 / o.accum,
                    j.at("copy_gbs").get<double>()};
         for (const auto& u : ops) s.flops += u.forward_flops + u.backward_flops, s.bytes += u.forward_bytes + u.backward_bytes;
@@ -480,7 +425,7 @@ int cmd_calibrate(const std::vector<std::string>& colls, const std::vector<std::
   t.source = "calibrated by tessera-plan calibrate from " + from + " (inside one node: latency and bandwidth per "
              "collective; compute rate and copy speed from the one-GPU step; interference from the multi-GPU steps); "
              "between nodes: published figures (NIC 45 GB/s of 400 Gb/s NDR, 14 us per hop)";
-  nlohmann::json j = plan_tool::to_json(t);
+  nlohmann::json j = mlp_lm::planning::to_json(t);
   j["calibrated_from"] = used;
   if (out.empty()) std::printf("%s\n", j.dump(1).c_str());
   else {
@@ -522,7 +467,7 @@ int cmd_validate(const std::string& dir, const std::string& topo_path, double ti
       if (f.path().filename().string().ends_with("-topology.json") && f.path().string() > path) path = f.path().string();
     if (path.empty()) throw tessera::error("no --topology and no *-topology.json in '" + dir + "' (tessera-plan calibrate writes one)");
   }
-  const topology t = plan_tool::read_topology(path, &whole);
+  const topology t = mlp_lm::planning::read_topology(path, &whole);
   std::vector<std::string> in_cal;
   if (whole.contains("calibrated_from")) in_cal = whole["calibrated_from"].get<std::vector<std::string>>();
   const auto old = superseded(dir);
@@ -547,7 +492,7 @@ int cmd_validate(const std::string& dir, const std::string& topo_path, double ti
     const bool cal = std::find(in_cal.begin(), in_cal.end(), name) != in_cal.end();
     for (const auto& r : j.at("results")) {
       options o = bench_options(j, r);
-      plan_tool::check(o);
+      mlp_lm::planning::check(o);
       const estimate e = evaluate_or_throw(o, t);
       const auto why = std::find_if(old.begin(), old.end(), [&](const auto& s) {
         return s.first == name + " *" || s.first == name + " " + o.strategy;
@@ -628,6 +573,11 @@ int main(int argc, char** argv) {
   for (CLI::App* a : {mem, pre, bst}) a->add_option("--gpus", o.gpus, "ranks in all")->check(CLI::Range(1, 1 << 20));
   for (CLI::App* a : {pre, swp, bst, val, col})
     a->add_option("--topology", topo, "a topology JSON (calibrate writes one; default: published 8xH200 figures)");
+  std::string search = "all";
+  bst->add_option("--search", search,
+                  "all, or what tessera-mlp-lm --plan auto searches: trainer (fp32 wire, two gather buffers, no copy "
+                  "engines), trainer-nccl (copy engines too)")
+      ->check(CLI::IsMember({"all", "trainer", "trainer-nccl"}));
   swp->add_option("--tokens-per-gpu", tokens_per_gpu)->check(CLI::Range(1L, 1L << 30));
   swp->add_option("--gpus-list", gpus_list, "world sizes, comma-separated");
   swp->add_option("--json-out", out, "write the rows as JSON (bench/plot_plan.py draws them)");
@@ -647,14 +597,14 @@ int main(int argc, char** argv) {
   try {
     if (cal->parsed()) return cmd_calibrate(colls, trains, gpus_per_node, out, cal_name);
     if (val->parsed()) return cmd_validate(results, topo, time_bound, mem_bound, o.json);
-    if (!units.empty()) o.units = plan_tool::read_units(units), o.backend = o.backend;
-    const topology t = plan_tool::read_topology(topo);
+    if (!units.empty()) o.units = mlp_lm::planning::read_units(units), o.backend = o.backend;
+    const topology t = mlp_lm::planning::read_topology(topo);
     if (col->parsed()) return cmd_collective(t, op, bytes, gpus_list, o.json);
     if (swp->parsed()) return cmd_sweep(o, t, tokens_per_gpu, gpus_list, out);
-    plan_tool::check(o);
+    mlp_lm::planning::check(o);
     if (mem->parsed()) return cmd_memory(o);
     if (pre->parsed()) return cmd_predict(o, t);
-    return cmd_best(o, t);
+    return cmd_best(o, t, search);
   } catch (const std::exception& e) {
     const std::string w = e.what();
     std::fprintf(stderr, "%s%s\n", w.rfind("tessera:", 0) == 0 ? "" : "tessera: ", w.c_str());

@@ -55,7 +55,7 @@ struct step_shape {
   int group = 1, replicas = 1, micro_batches = 1;
   int gather_buffers = 2, grad_buffers = 2;
   bool prefetch = true;
-  bool copy_engine_gathers = false;  //!< all-gathers on copy engines (nccl_options::copy_engine_gathers)
+  bool copy_engine_gathers = false;  //!< all-gathers on copy engines (nccl_options::copy_engine_gathers; inside a node)
 };
 
 //! One step, microseconds.
@@ -126,6 +126,8 @@ private:
   const std::size_t U = units.size();
   const int S = s.group, R = s.replicas;
   const bool solo = S == 1, gathers = s.shards_params && !solo;
+  // Copy engines carry NVLink traffic only: a shard group across nodes gathers on SMs.
+  const bool ce = s.copy_engine_gathers && place(t, S).nodes == 1;
   detail::timeline tl(t);
   double inner = 0, outer = 0;  // when each communicator's stream is free
   const auto on_inner = [&](collective c, double bytes, bool sms = true) {
@@ -156,7 +158,7 @@ private:
     }
     if (!best) return false;
     best->unit = long(u), best->last = ++clock;
-    best->ready = on_inner(collective::all_gather, units[u].gather_bytes, !s.copy_engine_gathers);
+    best->ready = on_inner(collective::all_gather, units[u].gather_bytes, !ce);
     return true;
   };
   long last_gathered = -1;

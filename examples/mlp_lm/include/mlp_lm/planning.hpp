@@ -1,5 +1,5 @@
 #pragma once
-// tessera-plan's estimate of one configuration: memory per rank (the
+// The planner's estimate of one configuration (tessera-plan, tessera-mlp-lm --plan auto): memory per rank (the
 // library's plan, tessera/plan/memory.hpp, plus the trainer's activations)
 // and step time (tessera/plan/schedule.hpp over the reference model's
 // units, or units read from a JSON file), for every configuration the
@@ -23,7 +23,7 @@
 #include "tessera/plan/schedule.hpp"
 #include "tessera/policy/config.hpp"
 
-namespace plan_tool {
+namespace mlp_lm::planning {
 
 //! A unit given by a JSON file (predict --units): its parameters and
 //! forward + backward FLOPs per token (6 per weight of a matmul).
@@ -220,4 +220,98 @@ inline void check(options& o) {
   }
 }
 
-}  // namespace plan_tool
+//! Which knobs a search may turn (tessera-plan best: all; the trainer's
+//! --plan auto: those it has flags for).
+struct search_space {
+  bool bf16_wire = true;        //!< gradients reduced in bf16 (tessera-bench-train --wire)
+  bool all_gather_buffers = true;  //!< every unit kept gathered (wrapper_options::gather_buffers)
+  bool copy_engine = true;      //!< all-gathers on copy engines (NCCL, inside one node)
+};
+
+//! What tessera-mlp-lm --plan auto searches: it reduces in its gradient
+//! dtype and keeps two gather buffers; copy engines need NCCL.
+inline search_space trainer_space(bool nccl) { return {.bf16_wire = false, .all_gather_buffers = false, .copy_engine = nccl}; }
+
+// Candidate configurations for N GPUs: every compiled wrapper x strategy,
+// flat and on meshes (shard groups a power of two dividing N, HSDP and
+// HFSDP), two or all gather buffers, fp32 or bf16 wire, SM or copy-engine
+// gathers, lent shards and recomputation where they save memory.
+inline std::vector<options> candidates(const options& base, int units, const search_space& sp) {
+  std::vector<options> out;
+  const std::vector<std::pair<std::string, std::string>> ws{
+      {"ddp", "no_shard"},   {"ddp", "optim"},          {"ddp", "optim_grads"},         {"fsdp", "no_shard"},
+      {"fsdp", "optim"},     {"fsdp", "optim_grads"},   {"fsdp", "optim_grads_params"}, {"fsdp2", "optim_grads_params"}};
+  std::vector<int> groups{0};  // (groups of one rank: the flat world's no_shard again)
+  for (int s = 2; s < base.gpus; s *= 2)
+    if (base.gpus % s == 0) groups.push_back(s);
+  const bool cuda = base.backend == "cuda";
+  for (const auto& [w, st] : ws)
+    for (const int g : groups)
+      for (const std::string outer : {"no_shard", "optim"}) {
+        if (outer == "optim" && (g == 0 || w != "fsdp" || st != "optim_grads_params")) continue;
+        for (const int gb : {2, units + 1}) {
+          if (gb != 2 && (st != "optim_grads_params" || !sp.all_gather_buffers)) continue;
+          for (const std::string wire : {"fp32", "bf16"}) {
+            if (wire == "bf16" && (base.precision != "bf16" || !sp.bf16_wire || base.deterministic)) continue;
+            for (const bool ce : {false, true}) {
+              if (ce && (st != "optim_grads_params" || !sp.copy_engine || !cuda)) continue;
+              for (const int saving : {0, 1, 2}) {  // nothing, --recompute-gelu, + --lend-grad-shards
+                if (saving >= 1 && !cuda) continue;
+                if (saving == 2 && base.accum > 1) continue;
+                options o = base;
+                o.wrapper = w, o.strategy = st, o.shard_group = g, o.outer = outer, o.gather_buffers = gb;
+                o.wire = wire, o.copy_engine_gathers = ce;
+                o.recompute_gelu = saving >= 1, o.lend_grad_shards = saving == 2;
+                out.push_back(o);
+              }
+            }
+          }
+        }
+      }
+  return out;
+}
+
+struct scored {
+  options o;
+  estimate e;
+};
+
+// Step times equal to a nanosecond are ties (a mesh of one-rank groups and
+// a flat world often are): the flat world first, then the least memory.
+inline long long time_key(const estimate& e) { return std::llround(e.time.step_us * 1e3); }
+
+//! The configurations that fit, fastest first.
+struct choice {
+  std::vector<scored> ranked;
+  int tried = 0;
+  //! The fastest slower one: configurations that differ from the best only
+  //! in memory-saving flags that cost nothing are not rivals.
+  [[nodiscard]] const scored* runner_up() const {
+    for (std::size_t i = 1; i < ranked.size(); ++i)
+      if (time_key(ranked[i].e) > time_key(ranked[0].e)) return &ranked[i];
+    return nullptr;
+  }
+};
+
+//! Every candidate over `base` (model, world, tokens, precision, limit) on `t`.
+inline choice choose(const options& base, const tessera::plan::topology& t, const search_space& sp) {
+  choice c;
+  const auto first = evaluate_named(base, t);
+  const int units = first ? first->units : int(base.units.empty() ? base.layers + 2 : base.units.size());
+  const double limit = base.gpu_memory_gib * double(1ull << 30);
+  for (auto& o : candidates(base, units, sp)) {
+    auto e = evaluate_named(o, t);
+    if (!e) continue;
+    ++c.tried;
+    if (limit <= 0 || double(e->total()) <= limit) c.ranked.push_back({o, *e});
+  }
+  const auto flat = [](const options& o) { return o.shard_group == 0 || o.shard_group == o.gpus; };
+  std::stable_sort(c.ranked.begin(), c.ranked.end(), [&](const scored& a, const scored& b) {
+    if (time_key(a.e) != time_key(b.e)) return time_key(a.e) < time_key(b.e);
+    if (flat(a.o) != flat(b.o)) return flat(a.o);
+    return a.e.total() < b.e.total();
+  });
+  return c;
+}
+
+}  // namespace mlp_lm::planning

@@ -11,7 +11,7 @@
 #include "tessera/core/error.hpp"
 #include "tessera/plan/cost.hpp"
 
-namespace plan_tool {
+namespace mlp_lm::planning {
 
 inline nlohmann::json to_json(const tessera::plan::topology& t) {
   nlohmann::json in = nlohmann::json::object();
@@ -64,4 +64,4 @@ inline tessera::plan::topology read_topology(const std::string& path, nlohmann::
   return t;
 }
 
-}  // namespace plan_tool
+}  // namespace mlp_lm::planning
