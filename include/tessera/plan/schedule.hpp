@@ -236,9 +236,9 @@ private:
     }
     if (step == 2) issued_in = tl.issued - issued_before, comm_in = tl.total - comm_before;
   }
-  // The third step ends where a fourth would start its first compute.
+  // The third step ends where a fourth could start its first compute (the
+  // first unit's new weights published; its gather is the fourth step's own).
   tl.wait(weights_ready[0]);
-  if (gathers) tl.wait(tl.now);  // its first gather is the fourth step's own
   starts[3] = tl.now;
   step_time r;
   r.step_us = starts[3] - starts[2];
