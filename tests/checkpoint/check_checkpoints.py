@@ -193,6 +193,13 @@ try:
     damaged('swapped keys, no index checksum', edit_index(swap_keys_unchecked), "a piece's key is")
     consolidate_rejects('swapped keys, no index checksum', edit_index(swap_keys_unchecked), "a piece's key is")
 
+    def bad_scale_unchecked(j):  # exact_reduction's per-unit scale out of its range (--deterministic indexes hold them)
+        j['exact_scales'] = {'embed': 100000}
+        j.pop('index_checksum')
+    damaged('an exact scale out of range, no index checksum', edit_index(bad_scale_unchecked), 'is not an integer in [')
+    consolidate_rejects('an exact scale out of range, no index checksum', edit_index(bad_scale_unchecked),
+                        'is not an integer in [')
+
     _, after = run(2, ['--steps', '6', '--load', good])
     check('the previous checkpoint still loads after every damage', min(after) == 2)
 
