@@ -2,7 +2,8 @@
 //
 //   tessera-plan memory    MODEL --gpus N [CONFIG] [--gpu-memory GiB] [--json]
 //   tessera-plan predict   MODEL --gpus N [CONFIG] [--topology FILE] [--json]
-//   tessera-plan sweep     MODEL --tokens-per-gpu T [--gpus-list 8,...,4096] [--topology FILE] [--json-out FILE]
+//   tessera-plan sweep     MODEL --tokens-per-gpu T [--gpus-list 8,...,4096] [--shard-groups 8,64] [--topology FILE]
+//                          [--json-out FILE]
 //   tessera-plan best      MODEL --gpus N --gpu-memory GiB [--topology FILE] [--json]
 //   tessera-plan calibrate --collectives F.json... --train F.json... [-o FILE]
 //   tessera-plan validate  [--results DIR] [--topology FILE] [--json]
@@ -212,20 +213,20 @@ std::vector<int> parse_list(const std::string& s) {
 
 // Weak scaling: the same tokens per GPU from 8 to 4096 GPUs, one line per configuration.
 int cmd_sweep(const options& base, const topology& t, long tokens_per_gpu, const std::string& gpus_list,
-              const std::string& out_path) {
+              const std::string& groups_list, const std::string& out_path) {
   const std::vector<int> worlds = parse_list(gpus_list);
+  const std::vector<int> groups = groups_list.empty() ? std::vector<int>{t.gpus_per_node} : parse_list(groups_list);
   struct line {
     std::string label, wrapper, strategy, outer;
     int group;  // 0: the whole world; else ranks per shard group
   };
-  const int g = t.gpus_per_node;
-  const std::vector<line> lines{
-      {"fsdp optim_grads_params (flat)", "fsdp", "optim_grads_params", "no_shard", 0},
-      {"fsdp optim_grads_params HSDP " + std::to_string(g) + "/group", "fsdp", "optim_grads_params", "no_shard", g},
-      {"fsdp optim_grads_params HFSDP " + std::to_string(g) + "/group", "fsdp", "optim_grads_params", "optim", g},
-      {"fsdp optim_grads (flat)", "fsdp", "optim_grads", "no_shard", 0},
-      {"ddp no_shard", "ddp", "no_shard", "no_shard", 0},
-  };
+  std::vector<line> lines{{"fsdp optim_grads_params (flat)", "fsdp", "optim_grads_params", "no_shard", 0}};
+  for (const int g : groups) {
+    lines.push_back({"fsdp optim_grads_params HSDP " + std::to_string(g) + "/group", "fsdp", "optim_grads_params", "no_shard", g});
+    lines.push_back({"fsdp optim_grads_params HFSDP " + std::to_string(g) + "/group", "fsdp", "optim_grads_params", "optim", g});
+  }
+  lines.push_back({"fsdp optim_grads (flat)", "fsdp", "optim_grads", "no_shard", 0});
+  lines.push_back({"ddp no_shard", "ddp", "no_shard", "no_shard", 0});
   nlohmann::json rows = nlohmann::json::array();
   std::printf("tessera-plan sweep: %ld tokens per GPU, topology %s\n", tokens_per_gpu, t.name.c_str());
   std::printf("%6s  %-44s %10s %14s %10s %12s %5s\n", "GPUs", "configuration", "step ms", "tokens/s/GPU", "exposed",
@@ -314,6 +315,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"all", "trainer", "trainer-nccl"}));
   swp->add_option("--tokens-per-gpu", tokens_per_gpu)->check(CLI::Range(1L, 1L << 30));
   swp->add_option("--gpus-list", gpus_list, "world sizes, comma-separated");
+  std::string groups_list;
+  swp->add_option("--shard-groups", groups_list, "shard-group sizes of the HSDP and HFSDP lines (default: one node)");
   swp->add_option("--json-out", out, "write the rows as JSON (bench/plot_plan.py draws them)");
   cal->add_option("--collectives", colls, "tessera-collectives --json files (NCCL, several world sizes)")->expected(1, -1);
   cal->add_option("--train", trains, "tessera-bench-train --json files: one GPU (compute), several (interference)")
@@ -334,7 +337,7 @@ int main(int argc, char** argv) {
     if (!units.empty()) o.units = mlp_lm::planning::read_units(units), o.backend = o.backend;
     const topology t = mlp_lm::planning::read_topology(topo);
     if (col->parsed()) return cmd_collective(t, op, bytes, gpus_list, o.json);
-    if (swp->parsed()) return cmd_sweep(o, t, tokens_per_gpu, gpus_list, out);
+    if (swp->parsed()) return cmd_sweep(o, t, tokens_per_gpu, gpus_list, groups_list, out);
     mlp_lm::planning::check(o);
     if (mem->parsed()) return cmd_memory(o);
     if (pre->parsed()) return cmd_predict(o, t);

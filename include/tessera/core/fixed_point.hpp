@@ -40,16 +40,19 @@ TESSERA_HOST_DEVICE inline int top_exponent(double m) {
   (void)::frexp(m, &e);
   return e;
 }
+//! Whether a magnitude (or a max of them) is usable: false for inf and NaN,
+//! and for the last sliver below DBL_MAX, where a square or a carry overflows.
+TESSERA_HOST_DEVICE inline bool finite_magnitude(double m) { return m < 1.0e308; }
 //! |g|, and +inf where g is not finite (a max over magnitudes then says so).
 TESSERA_HOST_DEVICE inline double magnitude(double g) {
   const double a = ::fabs(g);
-  return a < 1.0e308 ? a : double(INFINITY);
+  return finite_magnitude(a) ? a : double(INFINITY);
 }
 //! Whether every addend of magnitude up to m fits scale s (false for NaN and inf).
 TESSERA_HOST_DEVICE inline bool fits(double m, int s) { return ::fabs(::ldexp(m, s)) < 0x1p74; }
 //! The scale for a unit whose largest addend was m (keeps s where m says nothing: zero or not finite).
 TESSERA_HOST_DEVICE inline int next_scale(double m, int s) {
-  if (!(m > 0) || !(m < 1.0e308)) return s;
+  if (!(m > 0) || !finite_magnitude(m)) return s;
   const int n = addend_bits - margin_bits - top_exponent(m);
   return n < min_scale ? min_scale : n > max_scale ? max_scale : n;
 }

@@ -99,7 +99,7 @@ struct decide_exact_step {
   double clip_norm;
   TESSERA_HOST_DEVICE void operator()(std::size_t) const {
     const double m = *max;
-    const bool finite = m < 1.0e308;  // false for inf and NaN
+    const bool finite = fixed::finite_magnitude(m);
     const double sum = finite && m > 0 ? fixed::square_sum(limbs, fixed::square_shift(m)) : 0.0;
     decide(sum, finite ? 0.0 : 1.0, clip_norm, out);
   }
