@@ -16,6 +16,7 @@
 #include "tessera/core/fixed_point.hpp"
 #include "tessera/core/vec.hpp"
 #include "tessera/optim/algorithms.hpp"
+#include "tessera/optim/global_norm.hpp"
 #include "tessera/wrapper/data_parallel.hpp"
 #include "tessera/wrapper/shard_view.hpp"
 
@@ -59,56 +60,7 @@ struct step_result {
   long step = 0;           //!< steps applied so far
 };
 
-//! What the device decides after the global norm, in backend memory: the
-//! update kernels read grad_scale and skip from here, so a step needs no
-//! host synchronisation.
-struct step_control {
-  double grad_norm;  //!< sqrt of the sum of squares; NaN where some element was not finite
-  double clip_coef;  //!< clip_norm / (norm + 1e-6) where clipped, else 1
-  float grad_scale;  //!< clip_coef as the kernels use it
-  int skip;          //!< 1: a non-finite gradient on some rank; the step changes nothing
-};
-
 namespace detail {
-
-// The device's decision from the all-reduced partial sums (one thread): the
-// same arithmetic, in double, that a host would do.
-TESSERA_HOST_DEVICE inline void decide(double sum, double bad, double clip_norm, step_control* out) {
-#if defined(__CUDA_ARCH__)
-    const double norm = bad > 0 ? __longlong_as_double(0x7ff8000000000000LL) : sqrt(sum);
-    const bool skip = bad > 0 || !isfinite(norm);
-#else
-    const double norm = bad > 0 ? std::nan("") : std::sqrt(sum);
-    const bool skip = bad > 0 || !std::isfinite(norm);
-#endif
-    const double coef = !skip && clip_norm > 0 && norm > clip_norm ? clip_norm / (norm + 1e-6) : 1.0;
-    *out = step_control{norm, coef, float(coef), skip ? 1 : 0};
-}
-struct decide_step {
-  const double* acc;  // sum of squares, non-finite count
-  step_control* out;
-  double clip_norm;
-  TESSERA_HOST_DEVICE void operator()(std::size_t) const { decide(acc[0], acc[1], clip_norm, out); }
-};
-// exact_reduction: the same from the all-reduced largest magnitude and the
-// fixed-point limbs of the squares (core/fixed_point.hpp).
-struct decide_exact_step {
-  const double* max;
-  const std::uint64_t* limbs;
-  step_control* out;
-  double clip_norm;
-  TESSERA_HOST_DEVICE void operator()(std::size_t) const {
-    const double m = *max;
-    const bool finite = fixed::finite_magnitude(m);
-    const double sum = finite && m > 0 ? fixed::square_sum(limbs, fixed::square_shift(m)) : 0.0;
-    decide(sum, finite ? 0.0 : 1.0, clip_norm, out);
-  }
-};
-// Carries in this rank's limbs before they are summed over ranks.
-struct carry_limbs {
-  std::uint64_t* limbs;
-  TESSERA_HOST_DEVICE void operator()(std::size_t) const { fixed::carry(limbs); }
-};
 
 // An algorithm's update functor that does nothing where the device decided
 // to skip the step (one cached load per element or vector chunk).
@@ -352,29 +304,7 @@ public:
     e_.flush();  // updates a forward did not reach (unused units) read the control block this step rewrites
     settle();
     e_.finish_grad_sync();
-    // Partial sums of squares and non-finite counts accumulate in backend
-    // memory; one all-reduce of the two doubles; the decision stays there.
-    ops::fill(acc_.span(), 0.0);
-    if constexpr (exact) {
-      // Order-independent: the largest magnitude (a max), then the squares on
-      // its fixed-point grid (an integer sum), on any split of the elements.
-      for (std::size_t u = 0; u < units_.size(); ++u) ops::max_abs_into(std::span<const G>(e_.norm_grads(u)), acc_.data());
-      comm::label lbl("grad_norm");
-      e_.combine_partials(acc_.data(), 1, comm::reduce_op::max);
-      ops::fill(limbs_.span(), std::uint64_t(0));
-      for (std::size_t u = 0; u < units_.size(); ++u)
-        ops::sum_squares_fixed_into(std::span<const G>(e_.norm_grads(u)), acc_.data(), limbs_.data());
-      ops::for_each(1, detail::carry_limbs{limbs_.data()});
-      e_.combine_partials(reinterpret_cast<std::int64_t*>(limbs_.data()), 3, comm::reduce_op::sum);
-      ops::for_each(1, detail::decide_exact_step{acc_.data(), limbs_.data(), ctl_.data(), opt_.clip_norm});
-    } else {
-      for (std::size_t u = 0; u < units_.size(); ++u) ops::sum_squares_into(std::span<const G>(e_.norm_grads(u)), acc_.data());
-      {
-        comm::label lbl("grad_norm");
-        e_.sum_partials(acc_.data(), norm_scalars);  // each element counted once on any mesh
-      }
-      ops::for_each(1, detail::decide_step{acc_.data(), ctl_.data(), opt_.clip_norm});
-    }
+    detail::decide_global_norm<B, exact>(e_, units_.size(), acc_.data(), limbs_.data(), ctl_.data(), opt_.clip_norm);
     auto rec = next_record();
     ops::copy_to_host_async(std::span<step_control>(rec->host.data(), 1), std::span<const step_control>(ctl_.span()));
     rec->ready.record();

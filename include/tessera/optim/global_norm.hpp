@@ -1,0 +1,104 @@
+#pragma once
+//! \file The global gradient norm and the step's decision, on the device:
+//! each rank's partial sums over its part of the gradients, one collective
+//! (two for exact_reduction), and one thread that decides whether to skip
+//! (a non-finite gradient on any rank) and how much to clip. The update
+//! kernels read the decision (step_control) from backend memory, so a step
+//! needs no host synchronisation. ShardedOptimizer::step() runs it.
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <type_traits>
+
+#include "tessera/backend/ops.hpp"
+#include "tessera/comm/communicator.hpp"
+#include "tessera/comm/trace.hpp"
+#include "tessera/core/fixed_point.hpp"
+
+namespace tessera {
+
+//! What the device decides after the global norm, in backend memory: the
+//! update kernels read grad_scale and skip from here, so a step needs no
+//! host synchronisation.
+struct step_control {
+  double grad_norm;  //!< sqrt of the sum of squares; NaN where some element was not finite
+  double clip_coef;  //!< clip_norm / (norm + 1e-6) where clipped, else 1
+  float grad_scale;  //!< clip_coef as the kernels use it
+  int skip;          //!< 1: a non-finite gradient on some rank; the step changes nothing
+};
+
+namespace detail {
+
+// The device's decision from the all-reduced partial sums (one thread): the
+// same arithmetic, in double, that a host would do.
+TESSERA_HOST_DEVICE inline void decide(double sum, double bad, double clip_norm, step_control* out) {
+#if defined(__CUDA_ARCH__)
+    const double norm = bad > 0 ? __longlong_as_double(0x7ff8000000000000LL) : sqrt(sum);
+    const bool skip = bad > 0 || !isfinite(norm);
+#else
+    const double norm = bad > 0 ? std::nan("") : std::sqrt(sum);
+    const bool skip = bad > 0 || !std::isfinite(norm);
+#endif
+    const double coef = !skip && clip_norm > 0 && norm > clip_norm ? clip_norm / (norm + 1e-6) : 1.0;
+    *out = step_control{norm, coef, float(coef), skip ? 1 : 0};
+}
+struct decide_step {
+  const double* acc;  // sum of squares, non-finite count
+  step_control* out;
+  double clip_norm;
+  TESSERA_HOST_DEVICE void operator()(std::size_t) const { decide(acc[0], acc[1], clip_norm, out); }
+};
+// exact_reduction: the same from the all-reduced largest magnitude and the
+// fixed-point limbs of the squares (core/fixed_point.hpp).
+struct decide_exact_step {
+  const double* max;
+  const std::uint64_t* limbs;
+  step_control* out;
+  double clip_norm;
+  TESSERA_HOST_DEVICE void operator()(std::size_t) const {
+    const double m = *max;
+    const bool finite = fixed::finite_magnitude(m);
+    const double sum = finite && m > 0 ? fixed::square_sum(limbs, fixed::square_shift(m)) : 0.0;
+    decide(sum, finite ? 0.0 : 1.0, clip_norm, out);
+  }
+};
+// Carries in this rank's limbs before they are summed over ranks.
+struct carry_limbs {
+  std::uint64_t* limbs;
+  TESSERA_HOST_DEVICE void operator()(std::size_t) const { fixed::carry(limbs); }
+};
+
+
+//! Fills `ctl` with the step's decision from the gradients engine `e` counts
+//! in the norm (e.norm_grads(u) for each of `units` units): a sum of squares
+//! all-reduced (acc: 2 doubles), or under exact_reduction the largest
+//! magnitude (a max) and then the squares on its fixed-point grid (an
+//! integer sum of 3 limbs), order-independent on any split of the elements.
+template <class B, bool Exact, class Engine>
+void decide_global_norm(Engine& e, std::size_t units, double* acc, std::uint64_t* limbs, step_control* ctl,
+                        double clip_norm) {
+  using ops = backend_ops<B>;
+  using G = std::remove_cvref_t<typename decltype(e.norm_grads(0))::element_type>;
+  ops::fill(std::span<double>(acc, 2), 0.0);
+  if constexpr (Exact) {
+    for (std::size_t u = 0; u < units; ++u) ops::max_abs_into(std::span<const G>(e.norm_grads(u)), acc);
+    comm::label lbl("grad_norm");
+    e.combine_partials(acc, 1, comm::reduce_op::max);
+    ops::fill(std::span<std::uint64_t>(limbs, 3), std::uint64_t(0));
+    for (std::size_t u = 0; u < units; ++u) ops::sum_squares_fixed_into(std::span<const G>(e.norm_grads(u)), acc, limbs);
+    ops::for_each(1, carry_limbs{limbs});
+    e.combine_partials(reinterpret_cast<std::int64_t*>(limbs), 3, comm::reduce_op::sum);
+    ops::for_each(1, decide_exact_step{acc, limbs, ctl, clip_norm});
+  } else {
+    for (std::size_t u = 0; u < units; ++u) ops::sum_squares_into(std::span<const G>(e.norm_grads(u)), acc);
+    {
+      comm::label lbl("grad_norm");
+      e.sum_partials(acc, 2);  // each element counted once on any mesh
+    }
+    ops::for_each(1, decide_step{acc, ctl, clip_norm});
+  }
+}
+
+}  // namespace detail
+}  // namespace tessera
