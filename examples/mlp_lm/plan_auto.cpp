@@ -22,8 +22,7 @@ std::string apply_plan_auto(options& o, int world, double gpu_bytes) {
   // The trainer reduces in its gradient dtype and keeps two gather buffers;
   // copy engines need NCCL (--comm nccl).
   const planning::choice c = planning::choose(p, t, planning::trainer_space(o.comm == "nccl"));
-  if (c.ranked.empty())
-  {
+  if (c.ranked.empty()) {
     char why[160];
     std::snprintf(why, sizeof why, "--plan auto: none of %d configurations fits %.3g GiB per GPU on %d ranks", c.tried,
                   p.gpu_memory_gib, world);
@@ -37,17 +36,10 @@ std::string apply_plan_auto(options& o, int world, double gpu_bytes) {
   char gib[48] = "";
   if (p.gpu_memory_gib > 0) std::snprintf(gib, sizeof gib, " in %.3g GiB", p.gpu_memory_gib);
   const std::string limit = gib;
-  char line[512];
-  std::snprintf(line, sizeof line,
-                "--plan auto: --wrapper %s --strategy %s%s%s%s%s%s%s%s (predicted %.2f ms per step, %.0f MiB per GPU; "
-                "best of %d configurations that fit%s) on topology '%s'",
-                o.wrapper.c_str(), o.strategy.c_str(), o.shard_group.empty() ? "" : " --shard-group ",
-                o.shard_group.c_str(), o.shard_group.empty() ? "" : " --outer ", o.shard_group.empty() ? "" : o.outer.c_str(),
-                o.copy_engine_gathers ? " --copy-engine-gathers" : "", o.recompute_gelu ? " --recompute-gelu" : "",
-                o.lend_grad_shards ? " --lend-grad-shards" : "", b.e.time.step_us / 1e3, double(b.e.total()) / (1 << 20),
-                int(c.ranked.size()), limit.c_str(),
-                t.name.c_str());
-  std::string out = line;
+  char line[256];
+  std::snprintf(line, sizeof line, " (predicted %.2f ms per step, %.0f MiB per GPU; best of %d configurations that fit%s)",
+                b.e.time.step_us / 1e3, double(b.e.total()) / (1 << 20), int(c.ranked.size()), limit.c_str());
+  std::string out = "--plan auto: " + planning::trainer_flags(b.o) + line + " on topology '" + t.name + "'";
   if (const auto* r = c.runner_up()) {
     char more[256];
     std::snprintf(more, sizeof more, "; runner-up %s %s%s, %.2f%% slower", r->o.wrapper.c_str(), r->o.strategy.c_str(),

@@ -90,7 +90,7 @@ for np_, flags in [(2, ['--precision', 'fp32', '--tokens', '962']),
     ok = b.returncode == 0 and run.returncode == 0 and summary and len(chose) == 1
     if ok:
         best = json.loads(b.stdout)['best']
-        ok = chose[0].split(': ', 1)[1].startswith(best['flags'].replace(' --precision ' + ('bf16' if 'bf16' in flags else 'fp32'), ''))
+        ok = chose[0].split(': ', 1)[1].startswith(best['flags'] + ' (predicted')
         ok &= summary[0].get('final_loss', 1e9) < 6
     fail |= not ok
     print(f"{'ok' if ok else 'FAIL'}: --plan auto at {np_} ranks {' '.join(flags)}: {chose[0] if chose else run.stderr[-800:]}"

@@ -43,20 +43,6 @@ inline std::string describe(const options& o) {
   return s.str();
 }
 
-// The flags that give this configuration to tessera-mlp-lm.
-inline std::string trainer_flags(const options& o) {
-  std::ostringstream s;
-  s << "--wrapper " << o.wrapper << " --strategy " << o.strategy << " --precision " << o.precision;
-  if (o.shard_group > 0 && o.shard_group < o.gpus) s << " --shard-group " << o.shard_group << " --outer " << o.outer;
-  if (o.gather_buffers != 2) s << " --gather-buffers " << o.gather_buffers;
-  if (o.copy_engine_gathers) s << " --copy-engine-gathers";
-  if (o.recompute_gelu) s << " --recompute-gelu";
-  if (o.lend_grad_shards) s << " --lend-grad-shards";
-  if (o.accum > 1) s << " --accum " << o.accum;
-  if (o.wire != "fp32") s << " (wire " << o.wire << ": tessera-bench-train --wire)";
-  return s.str();
-}
-
 inline nlohmann::json time_json(const options& o, const estimate& e) {
   const double s = e.time.step_us * 1e-6;
   return {{"step_ms", e.time.step_us / 1e3},
@@ -67,8 +53,6 @@ inline nlohmann::json time_json(const options& o, const estimate& e) {
           {"collectives_per_step", e.time.collectives},
           {"tokens_per_s_per_gpu", double(o.tokens) / double(o.gpus) / s}};
 }
-
-// ---- memory (the first command; its output is what check_plan_tool.py compares) ----
 
 inline nlohmann::json read_json(const std::string& path) {
   std::ifstream f(path);

@@ -168,7 +168,7 @@ int cmd_best(const options& base, const topology& t, const std::string& search) 
   const auto row = [&](const mlp_lm::planning::scored& s) {
     nlohmann::json j = time_json(s.o, s.e);
     j["config"] = describe(s.o);
-    j["flags"] = trainer_flags(s.o);
+    j["flags"] = mlp_lm::planning::trainer_flags(s.o);
     j["memory_bytes"] = s.e.total();
     return j;
   };
@@ -189,7 +189,7 @@ int cmd_best(const options& base, const topology& t, const std::string& search) 
     std::printf("  %zu. %-58s %9.3f ms  %8.0f tokens/s/GPU  %9.1f MiB\n", i + 1, describe(c.ranked[i].o).c_str(),
                 c.ranked[i].e.time.step_us / 1e3, double(base.tokens) / base.gpus / (c.ranked[i].e.time.step_us * 1e-6),
                 mib(c.ranked[i].e.total()));
-  std::printf("best: %s\n", trainer_flags(best.o).c_str());
+  std::printf("best: %s\n", mlp_lm::planning::trainer_flags(best.o).c_str());
   if (j.contains("margin"))
     std::printf("runner-up: %s, %.2f%% slower\n", j["runner_up"]["config"].get<std::string>().c_str(),
                 100 * j["margin"].get<double>());

@@ -46,7 +46,7 @@ inline constexpr std::array<collective, 4> all_collectives{collective::all_gathe
 [[nodiscard]] inline collective collective_named(std::string_view s) {
   for (auto c : all_collectives)
     if (name_of(c) == s) return c;
-  throw error("tessera: no collective named '" + std::string(s) + "'");
+  throw error("no collective named '" + std::string(s) + "'");
 }
 
 //! nccl-tests' bus-bandwidth factor: bytes x factor is what each rank moves.

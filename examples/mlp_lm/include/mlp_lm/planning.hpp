@@ -175,7 +175,8 @@ estimate evaluate(const options& o, const tessera::plan::topology& topo) {
   auto work = plan::unit_traffic<Cfg, adamw>(ls, topo.copy_gbs);
   add_compute(work, compute_of(o, double(n)), topo);
   e.units = int(work.size());
-  e.time = plan::simulate(topo, plan::shape_of<Cfg>(S, R, o.accum, o.gather_buffers, 2, o.copy_engine_gathers), work);
+  e.time = plan::simulate(topo, plan::shape_of<Cfg>(S, R, o.accum, wo.gather_buffers, wo.grad_buffers, o.copy_engine_gathers),
+                          work);
   return e;
 }
 
@@ -218,6 +219,22 @@ inline void check(options& o) {
     throw tessera::error("--tokens / --accum gives fewer tokens than ranks (" + std::to_string(o.tokens / o.accum) +
                          " for " + std::to_string(o.gpus) + ")");
   }
+}
+
+//! The tessera-mlp-lm flags that give configuration `o`; knobs only
+//! tessera-bench-train has (gather buffers, the wire dtype) follow in brackets.
+inline std::string trainer_flags(const options& o) {
+  std::string s = "--wrapper " + o.wrapper + " --strategy " + o.strategy + " --precision " + o.precision;
+  if (o.shard_group > 0 && o.shard_group < o.gpus) s += " --shard-group " + std::to_string(o.shard_group) + " --outer " + o.outer;
+  if (o.copy_engine_gathers) s += " --copy-engine-gathers";
+  if (o.recompute_gelu) s += " --recompute-gelu";
+  if (o.lend_grad_shards) s += " --lend-grad-shards";
+  if (o.accum > 1 && !o.deterministic) s += " --accum " + std::to_string(o.accum);
+  std::string bench;
+  if (o.gather_buffers != 2) bench += " --gather-buffers " + std::to_string(o.gather_buffers);
+  if (o.wire != "fp32") bench += " --wire " + o.wire;
+  if (!bench.empty()) s += " (tessera-bench-train:" + bench + ")";
+  return s;
 }
 
 //! Which knobs a search may turn (tessera-plan best: all; the trainer's
