@@ -58,6 +58,7 @@ struct bench_options {
   std::string overlap_updates = "on";  // optimizer_options::overlap_updates
   double offload = 0;                  // wrapper_options::offload_optimizer
   std::string offload_update = "device";  // optimizer_options::offload_update
+  std::string cuda_graphs = "auto";       // tessera::step_graph: auto (one rank, no offload), on, off
 };
 
 std::size_t device_in_use() {
@@ -142,10 +143,12 @@ struct strategy_result {
   double ms = 0, compute_ms = 0, comm_ms = 0, optimizer_ms = 0, host_issue_ms = 0, tokens_per_s = 0, tflops = 0,
          final_loss = 0;
   double comm_only_ms = 0;  // the step's collectives alone, no compute (0 at one rank)
+  double steady_ms = 0;     // wall time per step over steps issued back to back
   std::size_t peak = 0, device_used = 0, estimate = 0;
   std::size_t model_state = 0, formula = 0;  // the wrapper's model-state bytes; DESIGN.md's formula
   std::size_t offloaded = 0;                 // host bytes of offloaded optimizer state and staging
-  bool fused = false;
+  bool fused = false, cuda_graphs = false;
+  std::size_t graph_nodes = 0;  // nodes of the step graph (0: eager)
   std::string choices;
 };
 
@@ -226,7 +229,10 @@ strategy_result run_strategy(const bench_options& o, const model_shape& s, Comm&
     const long per_mb = o.tokens / o.accum;
     const long lo = per_mb * r / N, hi = per_mb * (r + 1) / N;
     const std::size_t n = std::size_t(hi - lo), n_alloc = std::max<std::size_t>(n, 1);
-    const mlp_lm::net_options nopt{.recompute_gelu = o.recompute_gelu};
+    // --cuda-graphs: one graph launch per step from the warm-up's second step on (tessera::step_graph).
+    const bool graphs = o.cuda_graphs == "on" || (o.cuda_graphs == "auto" && N == 1 && o.offload == 0);
+    tessera::step_graph runner(opt, graphs);
+    const mlp_lm::net_options nopt{.recompute_gelu = o.recompute_gelu, .input_slots = graphs ? o.accum : 1};
     mlp_lm::cuda_mlp<Wrapper> net(model, ids, s, n_alloc, nopt);
     if (o.gemm_sms > 0 && N > 1) net.set_gemm_sms(o.gemm_sms);  // resolved in main
     res.fused = net.fused();
@@ -253,13 +259,37 @@ strategy_result run_strategy(const bench_options& o, const model_shape& s, Comm&
     tessera::cuda::event e0(true), e1(true), e2(true), e3(true);
     std::vector<double> total, compute, exposed, optimizer, issue;
     const cudaStream_t st = tessera::cuda::current_stream();
-    for (int step = 0; step < o.warmup + o.steps; ++step) {
-      // Batches are sampled before the clock starts (the trainer samples the
-      // next one while the GPU runs the current one).
+    const auto sample_step = [&](int step) {
       for (int mb = 0; mb < o.accum; ++mb)
         for (std::size_t j = 0; j < n; ++j)
           batches[std::size_t(mb)].second[j] =
               data.sample(1, step, mb, lo + long(j), &batches[std::size_t(mb)].first[j * std::size_t(s.ctx)]);
+    };
+    // Eager forward and backward of every micro-batch (each stages its inputs first).
+    const auto eager_forward_backward = [&] {
+      for (int mb = 0; mb < o.accum; ++mb) {
+        model.begin_micro_batch(mb, o.accum);
+        net.forward_backward(batches[std::size_t(mb)].first.data(), batches[std::size_t(mb)].second.data(), n,
+                             double(o.tokens));
+      }
+    };
+    // With a step graph: the inputs staged (as forward_backward does eagerly),
+    // then one step: [the last step's updates, forward and backward, the
+    // decision], one graph launch after the warm-up.
+    const auto graph_step = [&] {
+      for (int mb = 0; mb < o.accum; ++mb)
+        net.stage(mb, batches[std::size_t(mb)].first.data(), batches[std::size_t(mb)].second.data(), n);
+      (void)runner.step([&] {
+        for (int mb = 0; mb < o.accum; ++mb) {
+          model.begin_micro_batch(mb, o.accum);
+          net.forward_backward_staged(mb, n, double(o.tokens));
+        }
+      });
+    };
+    for (int step = 0; step < o.warmup + o.steps; ++step) {
+      // Batches are sampled before the clock starts (the trainer samples the
+      // next one while the GPU runs the current one).
+      sample_step(step);
       MPI_Barrier(world);
       // The last timed step is an NVTX range "tessera-step", so a profiler can
       // take exactly one steady-state step: ncu --nvtx --nvtx-include "tessera-step/".
@@ -267,16 +297,19 @@ strategy_result run_strategy(const bench_options& o, const model_shape& s, Comm&
       if (marked) nvtxRangePushA("tessera-step");
       const double t0 = MPI_Wtime();
       e0.record(st);
-      for (int mb = 0; mb < o.accum; ++mb) {
-        model.begin_micro_batch(mb, o.accum);
-        net.forward_backward(batches[std::size_t(mb)].first.data(), batches[std::size_t(mb)].second.data(), n,
-                             double(o.tokens));
+      if (graphs) {
+        graph_step();  // no phases to time inside one graph
+        e1.record(st);
+        e2.record(st);
+        net.finish_loss();
+      } else {
+        eager_forward_backward();
+        e1.record(st);
+        model.finish_grad_sync();
+        e2.record(st);
+        net.finish_loss();
+        (void)opt.step();  // returns without waiting for the device
       }
-      e1.record(st);
-      model.finish_grad_sync();
-      e2.record(st);
-      net.finish_loss();
-      (void)opt.step();  // returns without waiting for the device
       e3.record(st);
       const double issued = (MPI_Wtime() - t0) * 1e3;  // host time to issue the whole step
       e3.synchronize();
@@ -294,6 +327,34 @@ strategy_result run_strategy(const bench_options& o, const model_shape& s, Comm&
       exposed.push_back(b);
       optimizer.push_back(c);
     }
+    // Steady state: o.steps more steps back to back, the host never waiting
+    // for the device (it samples and stages the next step while the device
+    // runs this one). The per-step figures above wait for each step before
+    // the next, and leave out the host's sampling between them, so updates
+    // queued for the next forward's shadow may run in that untimed gap; here
+    // every step's work is inside the clock, eager or graph alike.
+    if (o.steps > 0) {
+      TESSERA_CUDA(cudaDeviceSynchronize());
+      MPI_Barrier(world);
+      const double t0 = MPI_Wtime();
+      for (int k = 0; k < o.steps; ++k) {
+        sample_step(o.warmup + o.steps + k);
+        if (graphs) {
+          graph_step();
+        } else {
+          eager_forward_backward();
+          (void)opt.step();
+        }
+        net.finish_loss();
+      }
+      runner.finish();  // a step graph leaves the last step's updates for a next step: done here, as eager steps do theirs
+      TESSERA_CUDA(cudaDeviceSynchronize());  // every stream: the last updates included
+      res.steady_ms = (MPI_Wtime() - t0) * 1e3 / o.steps;
+      res.final_loss = net.take_loss() / double(o.tokens);
+    }
+    runner.finish();  // the last step's updates (a step graph leaves them for a next step)
+    res.graph_nodes = runner.nodes();
+    res.cuda_graphs = runner.captured();
     auto median = [](std::vector<double> v) {
       std::sort(v.begin(), v.end());
       return v.empty() ? 0.0 : v[v.size() / 2];
@@ -405,6 +466,10 @@ int main(int argc, char** argv) {
                  "on: each unit's update runs on a side stream in the next forward's shadow (optimizer_options::"
                  "overlap_updates); off: every update at the end of the step")
       ->check(CLI::IsMember({"on", "off"}));
+  app.add_option("--cuda-graphs", o.cuda_graphs,
+                 "each step after the first as one CUDA graph launch (tessera::step_graph; its phases are then not "
+                 "timed apart). auto: on one rank without offload; on; off")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
   mlp_lm::add_offload_options(app, o.offload, o.offload_update);
   app.add_option("--gemm-sms", o.gemm_sms,
                  "SMs each GEMM is shaped for when collectives overlap it (0: all; -1: all but --nccl-ctas)");
@@ -452,6 +517,9 @@ int main(int argc, char** argv) {
                   prop.name, world.size(), world.size() == 1 ? "" : "s", use_nccl ? "NCCL" : "MPI staged", o.wrapper.c_str(),
                   o.layers, o.d, o.ctx, o.tokens, o.accum, o.accum == 1 ? "" : "es", double(s.params()) / 1e9, o.clip,
                   o.overlap_updates == "on" ? "in the next forward's shadow" : "at the end of the step");
+      std::printf("# CUDA graphs: %s\n", o.cuda_graphs == "off" ? "off" : o.cuda_graphs == "on" || (world.size() == 1 && o.offload == 0)
+                                                                    ? "each step after the first one launch (phases not timed apart)"
+                                                                    : "off (auto: several ranks or offload)");
       std::printf("# bf16 GEMM 8192^3: %.1f TFLOP/s; copy %.0f GB/s\n", fl.gemm_tflops, fl.copy_gbs);
       std::printf("# floor per step and rank: GEMMs alone %.3f ms + optimizer 28 B/param at copy speed %.3f ms = %.3f ms "
                   "(%.0f tokens/s)\n",
@@ -518,6 +586,7 @@ int main(int argc, char** argv) {
     out["replicas"] = o.shard_group > 0 ? world.size() / o.shard_group : 1;
     out["outer"] = o.outer;
     out["overlap_updates"] = o.overlap_updates;
+    out["cuda_graphs"] = o.cuda_graphs;
     if (talk && o.shard_group > 0)
       std::printf("# mesh %d x %d (replica groups x shard-group ranks), outer %s\n", world.size() / o.shard_group,
                   o.shard_group, o.outer.c_str());
@@ -541,6 +610,10 @@ int main(int argc, char** argv) {
                     r.optimizer_ms, mib(r.peak), mib(r.device_used), mib(r.estimate), double(r.estimate) / double(r.peak),
                     mib(r.model_state), mib(r.formula), compute_only, r.comm_only_ms, overlap,
                     r.fused ? "" : "  (epilogues not fused)");
+        std::printf("#   %s steady state (%d steps back to back, nothing outside the clock): %.3f ms per step, %.0f tokens/s "
+                    "per GPU%s\n",
+                    r.name.c_str(), o.steps, r.steady_ms, r.steady_ms > 0 ? double(o.tokens) / world.size() / (r.steady_ms * 1e-3) : 0.0,
+                    r.cuda_graphs ? (", one CUDA graph of " + std::to_string(r.graph_nodes) + " nodes a step").c_str() : "");
         if (&name == &o.strategies.front()) std::printf("#   products: %s\n", r.choices.c_str());
         std::fflush(stdout);
         out["results"].push_back({{"strategy", r.name},
@@ -558,6 +631,10 @@ int main(int argc, char** argv) {
                                   {"exposed_comm_ms", r.comm_ms},
                                   {"optimizer_ms", r.optimizer_ms},
                                   {"host_issue_ms", r.host_issue_ms},
+                                  {"cuda_graphs", r.cuda_graphs},
+                                  {"steady_ms", r.steady_ms},
+                                  {"steady_tokens_per_s", r.steady_ms > 0 ? double(o.tokens) / (r.steady_ms * 1e-3) : 0.0},
+                                  {"graph_nodes", r.graph_nodes},
                                   {"peak_bytes", r.peak},
                                   {"device_used_bytes", r.device_used},
                                   {"estimated_bytes", r.estimate},

@@ -7,6 +7,8 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <cstdlib>
 #include <string>
 #include <optional>
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "tessera/tessera.hpp"
+#include "tessera/checkpoint/checkpoint.hpp"
 
 using namespace tessera;
 
@@ -369,4 +372,129 @@ BOOST_AUTO_TEST_CASE(offloaded_state_is_counted_as_host_memory) {
     BOOST_TEST(opt.state_bytes() == 2 * sizeof(double) + sizeof(step_control));  // the norm and the decision only
     BOOST_TEST(memory_of<host_resident>().current() - h0 == opt.offloaded_bytes());  // no decay mask: all decay
   }
+}
+
+// The device numbers the steps it applies and takes each one's learning rate
+// from the host's ring: across a skipped step the schedule and the step count
+// follow the applied steps, and handles read long after their step (more than
+// the ring holds) still give their own results. decide() + apply() is step().
+BOOST_AUTO_TEST_CASE(the_device_numbers_steps_and_late_handles_keep_their_results) {
+  comm::mpi c;
+  using Cfg = config<optim_grads_params, fsdp>;
+  auto run = [&](bool split) {
+    data_parallel_t<Cfg> m(c);
+    auto u = m.add_unit("u");
+    auto w = m.add_param(u, "w", {5});
+    m.finalize();
+    m.set_param(w, std::vector<float>(5, 1.0f));
+    ShardedOptimizer opt(m, adamw{.lr = 0.01});
+    opt.set_schedule([](long step, double base) { return base * double(step); });
+    std::vector<step_handle<backend::host>> handles;
+    for (int s = 0; s < 40; ++s) {
+      {
+        auto scope = m.gather(u);
+        auto g = scope.grad(w);
+        for (std::size_t i = 0; i < g.size(); ++i)
+          g[i] = s == 3 && c.rank() == c.size() - 1 ? std::numeric_limits<float>::quiet_NaN() : 0.1f * float(i + 1);
+        scope.reduce_grads();
+      }
+      if (split) {
+        handles.push_back(opt.decide());
+        BOOST_TEST(opt.decided());
+        opt.apply();
+      } else {
+        handles.push_back(opt.step());
+      }
+      BOOST_TEST(!opt.decided());
+    }
+    for (int s = 0; s < 40; ++s) {
+      const step_result& r = handles[std::size_t(s)].get();
+      BOOST_TEST_CONTEXT("step " << s) {
+        BOOST_TEST(r.skipped == (s == 3));
+        const long applied = s < 3 ? s + 1 : s;  // step 3 skipped: later ones are numbered one lower
+        BOOST_TEST(r.step == applied);
+        BOOST_TEST(r.lr == (s == 3 ? 0.0 : 0.01 * double(applied)));
+      }
+    }
+    BOOST_TEST(opt.steps() == 39);
+    BOOST_TEST(opt.skipped_steps() == 1);
+    return m.get_param(w);
+  };
+  const auto a = run(false), b = run(true);
+  BOOST_TEST(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+// apply() needs a decide() before it, and decide() an apply() after it; a
+// checkpoint refuses a step half done.
+BOOST_AUTO_TEST_CASE(decide_and_apply_alternate) {
+  comm::mpi c;
+  data_parallel_t<config<optim, ddp>> m(c);
+  auto u = m.add_unit("u");
+  auto w = m.add_param(u, "w", {3});
+  m.finalize();
+  ShardedOptimizer opt(m, sgd{.lr = 1.0});
+  tessera_test::expect_error([&] { opt.apply(); }, "apply() without a decide()");
+  {
+    auto scope = m.gather(u);
+    for (auto& x : scope.grad(w)) x = 1.0f;
+  }
+  (void)opt.decide();
+  tessera_test::expect_error([&] { (void)opt.decide(); }, "decide() twice");
+  tessera_test::expect_error([&] { (void)tessera::checkpoint::save(opt, "/tmp/tessera-never-written", 1); }, "decided and not applied");
+  opt.apply();
+  BOOST_TEST(opt.steps() == 1);
+}
+
+// What a step graph replays, [apply() of the last step, forward and
+// backward, decide()], is step() shifted by half a step: the same weights
+// bit for bit, with gradients that depend on the weights, updates in the
+// shadow, for each strategy.
+template <class Cfg>
+void check_rotated_steps_equal_steps() {
+  comm::mpi c;
+  auto run = [&](bool rotated) {
+    data_parallel_t<Cfg> m(c);
+    auto u0 = m.add_unit("a"), u1 = m.add_unit("b");
+    auto w0 = m.add_param(u0, "w", {7}), w1 = m.add_param(u1, "w", {5, 3});
+    m.finalize();
+    m.set_param(w0, std::vector<float>(7, 0.5f));
+    m.set_param(w1, std::vector<float>(15, -0.25f));
+    ShardedOptimizer opt(m, adamw{.lr = 0.05}, optimizer_options{.clip_norm = 0.3});
+    auto forward_backward = [&] {
+      for (auto [u, w] : {std::pair{u0, w0}, std::pair{u1, w1}}) {
+        auto s = m.gather(u);
+        const auto x = s.weight(w);
+        auto g = s.grad(w);
+        for (std::size_t i = 0; i < g.size(); ++i) g[i] = 0.5f * float(x[i]) + 0.1f * float(i + 1);
+        s.reduce_grads();
+      }
+    };
+    for (int s = 0; s < 6; ++s) {
+      if (rotated) {
+        if (s > 0) opt.apply();
+        forward_backward();
+        (void)opt.decide();
+      } else {
+        forward_backward();
+        (void)opt.step();
+      }
+    }
+    if (rotated) opt.apply();
+    BOOST_TEST(opt.steps() == 6);
+    auto a = m.get_param(w0), b = m.get_param(w1);
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+  const auto plain = run(false), rotated = run(true);
+  BOOST_TEST_CONTEXT(Cfg::strategy::name) {
+    BOOST_TEST(std::memcmp(plain.data(), rotated.data(), plain.size() * sizeof(float)) == 0);
+    BOOST_TEST(plain[0] != 0.5f);  // it trained
+  }
+}
+BOOST_AUTO_TEST_CASE(rotated_steps_equal_steps) {
+  check_rotated_steps_equal_steps<config<no_shard, ddp>>();
+  check_rotated_steps_equal_steps<config<optim, ddp>>();
+  check_rotated_steps_equal_steps<config<optim_grads, fsdp>>();
+  check_rotated_steps_equal_steps<config<optim_grads_params, fsdp>>();
+  check_rotated_steps_equal_steps<config<optim_grads_params, fsdp2, mixed_precision<bf16, float>>>();
 }

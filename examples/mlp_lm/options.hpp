@@ -23,6 +23,7 @@ struct options {
   double timeout = -1;               // seconds; < 0: the library's default (600, or TESSERA_TIMEOUT_S)
   std::string order_check = "auto";  // auto: on over MPI, off over NCCL
   std::string overlap_updates = "on";  // optimizer_options::overlap_updates
+  std::string cuda_graphs = "auto";    // tessera::step_graph: auto, on, off
   double offload = 0;                  // wrapper_options::offload_optimizer
   std::string offload_update = "device";  // optimizer_options::offload_update
   std::uint64_t seed = 1;
@@ -71,6 +72,11 @@ inline int parse(int argc, char** argv, options& o) {
                  "on: each unit's optimizer update runs in the next forward's shadow, just before the unit is needed "
                  "(a side stream on the cuda backend); off: every update at the end of the step")
       ->check(CLI::IsMember({"on", "off"}));
+  app.add_option("--cuda-graphs", o.cuda_graphs,
+                 "cuda backend: each steady-state step as one CUDA graph launch (tessera::step_graph). auto: where it "
+                 "can (one rank; not --deterministic with several micro-batches; no offloaded optimizer); on: the "
+                 "same, an error where it cannot; off: every kernel issued one by one")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
   add_offload_options(app, o.offload, o.offload_update);
   app.add_flag("--deterministic", o.deterministic,
                "the same bits at any world size, strategy and wrapper: exact (fixed-point) gradient and norm sums, "
@@ -171,6 +177,7 @@ inline int parse(int argc, char** argv, options& o) {
     o.accum = int(o.tokens / o.micro_tokens);  // the global count; each rank runs accum / N of them
   }
   if (o.lend_grad_shards && o.backend != "cuda") return bad("--lend-grad-shards needs --backend cuda");
+  if (o.cuda_graphs == "on" && o.backend != "cuda") return bad("--cuda-graphs on needs --backend cuda");
   // (--deterministic: --accum is then the global count; each rank's, accum / N, is checked by the wrapper.)
   if (o.lend_grad_shards && o.accum > 1 && !o.deterministic && (o.strategy == "optim_grads" || o.strategy == "optim_grads_params"))
     return bad("--lend-grad-shards holds one micro-batch's reduction; use --accum 1 with --strategy " + o.strategy);
@@ -231,6 +238,7 @@ inline std::string describe(const options& o) {
   put("offload-optimizer", o.offload), put("offload-update", o.offload_update);
   put("deterministic", o.deterministic), put("micro-tokens", o.micro_tokens);
   put("plan", o.plan), put("topology", o.topology), put("gpu-memory", o.gpu_memory);
+  put("cuda-graphs", o.cuda_graphs);
   return s;
 }
 

@@ -149,6 +149,25 @@ void dump_weights(Wrapper& model, const std::string& path, const std::map<std::s
     }, metadata);
 }
 
+// The trainer's steps without a step graph (the host backend, or graphs off).
+template <class Opt>
+struct eager_runner {
+  Opt& opt;
+  template <class FB> auto step(FB&& fb) {
+    fb();
+    return opt.step();
+  }
+  void finish() {}
+  [[nodiscard]] bool captured() const noexcept { return false; }
+  [[nodiscard]] std::size_t nodes() const noexcept { return 0; }
+};
+// A step graph where the net offers one (cuda_mlp names tessera::step_graph), else eager steps.
+template <class Net, class Opt>
+auto make_step_runner(Opt& opt, bool graphs) {
+  if constexpr (requires { typename Net::template graph_runner<Opt>; }) return typename Net::template graph_runner<Opt>(opt, graphs);
+  else return eager_runner<Opt>{opt};
+}
+
 //! Trains over `comm`, or over the mesh m when given (comm unused then).
 template <class Cfg, class Net, class Comm>
 int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::comm::mesh<Comm>* m,
@@ -242,7 +261,18 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
   const long lo = o.deterministic ? 0 : per_mb * r / N, hi = o.deterministic ? per_mb : per_mb * (r + 1) / N;
   const int count = o.deterministic ? o.accum / N : o.accum;  // micro-batches this rank runs per step
   const std::size_t n = std::size_t(hi - lo), n_alloc = std::max<std::size_t>(n, 1);
-  const net_options nopt{.recompute_gelu = o.recompute_gelu};
+  // --cuda-graphs: the steady-state step as one graph launch (tessera::step_graph,
+  // which the CUDA net names); every micro-batch of a step is staged before it.
+  constexpr bool graphable = requires { typename Net::template graph_runner<decltype(opt)>; };
+  const char* no_graph = N > 1                                ? "several ranks"
+                         : o.deterministic && count > 1       ? "--deterministic with several micro-batches per rank"
+                         : o.offload > 0                      ? "an offloaded optimizer"
+                         : !graphable                         ? "the host backend"
+                                                              : nullptr;
+  if (o.cuda_graphs == "on" && no_graph)
+    throw tessera::error(std::string("--cuda-graphs on: step graphs do not run with ") + no_graph + " (use auto or off)");
+  const bool graphs = o.cuda_graphs != "off" && !no_graph;
+  const net_options nopt{.recompute_gelu = o.recompute_gelu, .input_slots = graphs ? count : 1};
   Net net(model, ids, shape, n_alloc, nopt);
   // --deterministic: fused where cuBLASLt can, not by timing (two runs could time differently).
   if (o.fusion != "auto" || o.deterministic) net.force_fusion(o.fusion != "off");
@@ -295,24 +325,51 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
                               : "");
   double final_loss = 0, total_s = 0;
   long timed_steps = 0;
-  if (first_step < o.steps) sample(cur, first_step, 0);
+  if (first_step < o.steps && !graphs) sample(cur, first_step, 0);
   long last_saved = -1;
+  auto runner = make_step_runner<Net>(opt, graphs);
   for (long step = first_step; step < o.steps; ++step) {
     fault_hook(r, step);
     const auto t0 = std::chrono::steady_clock::now();
-    for (int mb = 0; mb < count; ++mb) {
-      model.begin_micro_batch(mb, count);
-      net.forward_backward(cur.ctx.data(), cur.tgt.data(), n, double(o.tokens));
-      const bool last = mb + 1 == count;
-      if (!last || step + 1 < o.steps) sample(next, last ? step + 1 : step, last ? 0 : mb + 1);
-      std::swap(cur, next);
-      if (o.deterministic) {
+    step_handle<B> handle;
+    if constexpr (graphable) {
+      if (graphs) {
+        // Every micro-batch staged into its own slot (the first step's here,
+        // the next step's while this one runs), then the step issued (one
+        // graph launch after the warm-up); its loss read after it.
+        auto stage_step = [&](long k) {
+          for (int mb = 0; mb < count; ++mb) {
+            sample(cur, k, mb);
+            net.stage(mb, cur.ctx.data(), cur.tgt.data(), n);  // copies queued after the work before: slots reused safely
+          }
+        };
+        if (step == first_step) stage_step(step);
+        handle = runner.step([&] {
+          for (int mb = 0; mb < count; ++mb) {
+            model.begin_micro_batch(mb, count);
+            net.forward_backward_staged(mb, n, double(o.tokens));
+          }
+        });
         net.finish_loss();
-        mb_loss[std::size_t(r + mb * N)] = net.take_loss();
+        if (step + 1 < o.steps) stage_step(step + 1);
+        if (o.deterministic) mb_loss[std::size_t(r)] = net.take_loss();  // one micro-batch per rank (checked above)
       }
     }
-    if (!o.deterministic) net.finish_loss();
-    const auto handle = opt.step();  // read below only when a line is printed
+    if (!graphs) {
+      for (int mb = 0; mb < count; ++mb) {
+        model.begin_micro_batch(mb, count);
+        net.forward_backward(cur.ctx.data(), cur.tgt.data(), n, double(o.tokens));
+        const bool last = mb + 1 == count;
+        if (!last || step + 1 < o.steps) sample(next, last ? step + 1 : step, last ? 0 : mb + 1);
+        std::swap(cur, next);
+        if (o.deterministic) {
+          net.finish_loss();
+          mb_loss[std::size_t(r + mb * N)] = net.take_loss();
+        }
+      }
+      if (!o.deterministic) net.finish_loss();
+      handle = opt.step();  // read below only when a line is printed
+    }
     double loss = 0;
     if (o.deterministic) {
       // One rank holds each entry and the others 0, so the sum over ranks is exact.
@@ -325,7 +382,10 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
     }
     loss /= double(o.tokens);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (!o.save.empty() && o.save_every > 0 && (step + 1) % o.save_every == 0) save(last_saved = step + 1);
+    if (!o.save.empty() && o.save_every > 0 && (step + 1) % o.save_every == 0) {
+      runner.finish();  // the weights of this step (the next step runs eagerly, then replays resume)
+      save(last_saved = step + 1);
+    }
     if (step > first_step || o.steps == first_step + 1) {  // the first step pays for set-up (cuBLASLt's search, first touches)
       total_s += s;
       ++timed_steps;
@@ -349,6 +409,7 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
       std::fflush(stdout);
     }
   }
+  runner.finish();  // a step graph leaves the last step's updates for a next step
   // --steps 0 --save: the initial checkpoint (nothing resumed, nothing run).
   if (!o.save.empty() && last_saved != o.steps && (o.steps > first_step || (o.steps == 0 && o.load.empty())))
     save(o.steps);
@@ -377,6 +438,8 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
                      {"backend", Net::backend_name},
                      {"fused_epilogues", net.fused()},
                      {"fusion_choices", net.choices()},
+                     {"cuda_graphs", runner.captured()},
+                     {"graph_nodes", runner.nodes()},
                      {"steps", o.steps},
                      {"skipped_steps", opt.skipped_steps()},
                      {"tokens_per_s", tps}, {"tokens_per_s_per_rank", tps / N},
@@ -392,8 +455,9 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
     if (o.json) std::printf("%s\n", j.dump().c_str());
     else
       std::printf("done: final loss %.4f, %.0f tokens/s over %d rank%s (%.0f and %.2f TFLOP/s per rank; steps after "
-                  "the first), peak %.2f MiB per rank (library buffers; estimate %.2f MiB%s)%s\n",
+                  "the first%s), peak %.2f MiB per rank (library buffers; estimate %.2f MiB%s)%s\n",
                   final_loss, tps, N, N == 1 ? "" : "s", tps / N, shape.flops_per_token() * tps / N / 1e12,
+                  runner.captured() ? (", each after it one CUDA graph of " + std::to_string(runner.nodes()) + " nodes").c_str() : "",
                   double(peak[0]) / (1 << 20),
                   double(est.total()) / (1 << 20),
                   std::is_same_v<B, backend::host>

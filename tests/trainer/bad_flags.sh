@@ -28,6 +28,8 @@ check --steps -3
 check --shard-group 0
 check --shard-group two
 check --outer optim
+check --cuda-graphs maybe
+check --cuda-graphs on  # the host backend has none
 check --deterministic
 check --micro-tokens 64
 check --deterministic --micro-tokens 7

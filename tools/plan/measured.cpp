@@ -73,8 +73,12 @@ std::vector<nlohmann::json> read_bench_text(const std::string& path) {
   return out;
 }
 
+// tessera-bench-train's JSON (bench/torch_mlp_lm.py writes the same top-level keys; its rows name no strategy).
 bool is_bench_train(const nlohmann::json& j) {
-  return j.is_object() && j.contains("results") && j.contains("world") && j.contains("layers") && j.contains("tokens");
+  if (!j.is_object() || !j.contains("results") || !j.contains("world") || !j.contains("layers") || !j.contains("tokens"))
+    return false;
+  const auto& r = j["results"];
+  return r.is_array() && std::all_of(r.begin(), r.end(), [](const nlohmann::json& x) { return x.contains("strategy"); });
 }
 
 }  // namespace

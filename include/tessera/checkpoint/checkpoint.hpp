@@ -136,6 +136,8 @@ fs::path save(Opt& opt, const fs::path& root, long step, const save_options& o =
   const auto& layouts = e.layouts();
   const fs::path final_dir = step_dir(root, step), tmp = root / (".tmp-" + final_dir.filename().string());
   TESSERA_CHECK(step >= 0, "checkpoint::save: step ", step, " is negative");
+  TESSERA_CHECK(!opt.decided(), "checkpoint::save: a step was decided and not applied (call the optimizer's apply(), "
+                "or step_graph::finish(), first): the weights would be the last step's and the counters this one's");
 
   // On a mesh the shard groups hold the same model state (outer<no_shard>)
   // or parts of the same shards (outer<optim>, gathered below): replica
@@ -317,6 +319,7 @@ load_result load(Opt& opt, const fs::path& dir) {
   auto e = opt.shards();
   const int S = 1 + Alg::state_count;
   const auto& layouts = e.layouts();
+  TESSERA_CHECK(!opt.decided(), "checkpoint::load: a step was decided and not applied (call the optimizer's apply() first)");
 
   load_result res;
   std::exception_ptr err;

@@ -399,11 +399,21 @@ private:
     ready_.wait_on(stream_.get());
     auto done = done_pool_.next();
     auto& rec = trace::global();
-    const auto tk = rec.issue(channel_, what, n, t, true, [done] { return cudaEventQuery(done->get()) != cudaErrorNotReady; });
+    // Captured into a CUDA graph (optim/step_graph.cuh), the collective runs
+    // at each launch, not now: the recorder notes it as issued and complete,
+    // and nothing polls its event (querying an event recorded in a capture
+    // is an error). Captured steps run on one rank only, with no peer to wait for.
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    TESSERA_CUDA(cudaStreamIsCapturing(compute, &capture));
+    const bool captured = capture == cudaStreamCaptureStatusActive;
+    const auto tk = captured ? rec.issue(channel_, what, n, t, false)
+                             : rec.issue(channel_, what, n, t, true,
+                                         [done] { return cudaEventQuery(done->get()) != cudaErrorNotReady; });
     try {
-      if (checker_) check_order(tk.seq, what, n, t);
+      if (checker_ && !captured) check_order(tk.seq, what, n, t);
       issue(what, n, t, call);
       done->record(stream_.get());
+      if (captured) rec.complete(tk);
     } catch (...) {
       rec.complete(tk, false);
       throw;

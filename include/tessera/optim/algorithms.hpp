@@ -15,7 +15,21 @@
 //!   double lr;                                             // the base learning rate
 //!   template <class M, class G, class C> F kernel(const update_args<M, G, C>&) const;
 //! where F is a copyable functor with `void operator()(std::size_t i) const`
-//! (marked TESSERA_HOST_DEVICE to run on the CUDA backend). A functor that
+//! (marked TESSERA_HOST_DEVICE to run on the CUDA backend).
+//!
+//! An algorithm may also say what of its update changes from step to step:
+//!   static constexpr int scalar_count;                     // 1..max_step_scalars
+//!   void step_scalars(long step, double lr, float* out) const;  // on the host
+//! Then the host computes those scalars ahead for the step numbers that may
+//! come next, the device picks the set for the step it applies, and the
+//! functor reads them from update_args::scalars (backend memory) instead of
+//! the lr and step it was built with. Its launch is then the same every step,
+//! so a step can be captured in a CUDA graph and replayed (optim/step_graph.hpp),
+//! and the host never waits for the last step's outcome before issuing the
+//! next. adamw and sgd do this; an algorithm without it still works, with one
+//! host wait per step and no graphs.
+//!
+//! A functor that
 //! also has `static constexpr int vector_width`, `bool vector_ok` and
 //! `template <int V, bool Stream> void run(std::size_t base) const` gets the
 //! CUDA backend's vectorised launch. adamw and sgd below are written so.
@@ -62,7 +76,21 @@ struct update_args {
   //! after the norm, so a kernel reads it there, once per thread or chunk.
   const float* grad_scale;
   long step;            //!< 1-based number of this step (bias corrections)
+  //! Where the algorithm declares step_scalars: its scalar_count scalars for
+  //! the step being applied (backend memory, chosen on the device); lr and
+  //! step above are then only the host's view at issue, and are not to be read.
+  const float* scalars = nullptr;
 };
+
+//! The most step scalars an algorithm may declare.
+inline constexpr int max_step_scalars = 8;
+
+//! Whether A declares its per-step scalars (see the top of this file).
+template <class A>
+concept has_step_scalars = requires(const A& a, float* out) {
+  { A::scalar_count } -> std::convertible_to<int>;
+  a.step_scalars(1L, 1.0, out);
+} && (A::scalar_count >= 1 && A::scalar_count <= max_step_scalars);
 
 template <class M, class G, class C> struct adamw_kernel;
 template <class M, class G, class C> struct sgd_kernel;
@@ -76,6 +104,15 @@ struct adamw {
   static constexpr std::string_view state_names[state_count] = {"exp_avg", "exp_avg_sq"};
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
 
+  //! lr, 1 / (1 - beta1^step), 1 / sqrt(1 - beta2^step): computed on the host in double, as the kernel used to be built.
+  static constexpr int scalar_count = 3;
+  void step_scalars(long step, double step_lr, float* out) const {
+    const double bc1 = 1 - std::pow(beta1, double(step)), bc2 = 1 - std::pow(beta2, double(step));
+    out[0] = float(step_lr);
+    out[1] = float(1 / bc1);
+    out[2] = float(1 / std::sqrt(bc2));
+  }
+
   template <class M, class G, class C>
   [[nodiscard]] adamw_kernel<M, G, C> kernel(const update_args<M, G, C>& a) const;
 };
@@ -88,6 +125,9 @@ struct sgd {
   static constexpr std::string_view state_names[state_count] = {"momentum_buffer"};
   double lr = 1e-2, momentum = 0.0, weight_decay = 0.0;
   bool nesterov = false;
+
+  static constexpr int scalar_count = 1;  // lr
+  void step_scalars(long, double step_lr, float* out) const { out[0] = float(step_lr); }
 
   template <class M, class G, class C>
   [[nodiscard]] sgd_kernel<M, G, C> kernel(const update_args<M, G, C>& a) const;
@@ -130,35 +170,44 @@ struct adamw_kernel {
   decay_mask decay;
   const float* grad_scale;  //!< backend memory (update_args::grad_scale)
   float lr, beta1, beta2, eps, weight_decay, inv_bc1, inv_bc2_sqrt;
+  const float* scalars = nullptr;  //!< backend memory: lr, inv_bc1, inv_bc2_sqrt of the step applied (update_args::scalars)
   bool vector_ok = false;  //!< every pointer aligned for vector_width-wide accesses
   static constexpr int vector_width = 4;
 
-  TESSERA_HOST_DEVICE void update(M& wi, G graw, M& mi, M& vi, std::uint64_t i, float scale) const {
+  struct per_step {
+    float scale, lr, inv_bc1, inv_bc2_sqrt;
+  };
+  // Once per thread or chunk: the stores below may alias these as far as the compiler knows.
+  TESSERA_HOST_DEVICE per_step load() const {
+    return scalars ? per_step{*grad_scale, scalars[0], scalars[1], scalars[2]}
+                   : per_step{*grad_scale, lr, inv_bc1, inv_bc2_sqrt};
+  }
+  TESSERA_HOST_DEVICE void update(M& wi, G graw, M& mi, M& vi, std::uint64_t i, const per_step& k) const {
     using F = detail::math_t<M>;
-    const F gi = F(convert<float>(graw)) * F(scale);
+    const F gi = F(convert<float>(graw)) * F(k.scale);
     F x = F(wi);
-    if (decay.decays(i)) x -= F(lr) * F(weight_decay) * x;
+    if (decay.decays(i)) x -= F(k.lr) * F(weight_decay) * x;
     const F mn = F(beta1) * F(mi) + (F(1) - F(beta1)) * gi;
     const F vn = F(beta2) * F(vi) + (F(1) - F(beta2)) * gi * gi;
     mi = M(mn);
     vi = M(vn);
-    x -= F(lr) * (mn * F(inv_bc1)) / (detail::root(vn) * F(inv_bc2_sqrt) + F(eps));
+    x -= F(k.lr) * (mn * F(k.inv_bc1)) / (detail::root(vn) * F(k.inv_bc2_sqrt) + F(eps));
     wi = M(x);
   }
   TESSERA_HOST_DEVICE void operator()(std::size_t i) const {
-    update(w[i], g[i], m[i], v[i], i, *grad_scale);
+    update(w[i], g[i], m[i], v[i], i, load());
     if (out) out[i] = convert<C>(w[i]);
   }
   //! V consecutive elements from `base` (a multiple of V) with vector accesses.
   template <int V, bool Stream = false>
   TESSERA_HOST_DEVICE void run(std::size_t base) const {
-    const float scale = *grad_scale;  // once: the stores below may alias it as far as the compiler knows
+    const per_step k = load();
     auto W = load_vec<V, Stream>(w + base);
     const auto Gv = load_vec<V, Stream>(g + base);
     auto Mv = load_vec<V, Stream>(m + base);
     auto Vv = load_vec<V, Stream>(v + base);
     TESSERA_UNROLL
-    for (int l = 0; l < V; ++l) update(W.v[l], Gv.v[l], Mv.v[l], Vv.v[l], base + std::size_t(l), scale);
+    for (int l = 0; l < V; ++l) update(W.v[l], Gv.v[l], Mv.v[l], Vv.v[l], base + std::size_t(l), k);
     store_vec<V, Stream>(w + base, W);
     store_vec<V, Stream>(m + base, Mv);
     store_vec<V, Stream>(v + base, Vv);
@@ -182,32 +231,37 @@ struct sgd_kernel {
   const float* grad_scale;  //!< backend memory (update_args::grad_scale)
   float lr, momentum, weight_decay;
   bool nesterov;
+  const float* scalars = nullptr;  //!< backend memory: the lr of the step applied (update_args::scalars)
   bool vector_ok = false;
   static constexpr int vector_width = 4;
 
-  TESSERA_HOST_DEVICE void update(M& wi, G graw, M& bi, std::uint64_t i, float scale) const {
+  struct per_step {
+    float scale, lr;
+  };
+  TESSERA_HOST_DEVICE per_step load() const { return {*grad_scale, scalars ? scalars[0] : lr}; }
+  TESSERA_HOST_DEVICE void update(M& wi, G graw, M& bi, std::uint64_t i, const per_step& k) const {
     using F = detail::math_t<M>;
-    F gi = F(convert<float>(graw)) * F(scale);
+    F gi = F(convert<float>(graw)) * F(k.scale);
     if (decay.decays(i)) gi += F(weight_decay) * F(wi);
     if (momentum != 0.0f) {
       const F b = F(momentum) * F(bi) + gi;
       bi = M(b);
       gi = nesterov ? gi + F(momentum) * b : b;
     }
-    wi = M(F(wi) - F(lr) * gi);
+    wi = M(F(wi) - F(k.lr) * gi);
   }
   TESSERA_HOST_DEVICE void operator()(std::size_t i) const {
-    update(w[i], g[i], buf[i], i, *grad_scale);
+    update(w[i], g[i], buf[i], i, load());
     if (out) out[i] = convert<C>(w[i]);
   }
   template <int V, bool Stream = false>
   TESSERA_HOST_DEVICE void run(std::size_t base) const {
-    const float scale = *grad_scale;
+    const per_step k = load();
     auto W = load_vec<V, Stream>(w + base);
     const auto Gv = load_vec<V, Stream>(g + base);
     auto B = load_vec<V, Stream>(buf + base);
     TESSERA_UNROLL
-    for (int l = 0; l < V; ++l) update(W.v[l], Gv.v[l], B.v[l], base + std::size_t(l), scale);
+    for (int l = 0; l < V; ++l) update(W.v[l], Gv.v[l], B.v[l], base + std::size_t(l), k);
     store_vec<V, Stream>(w + base, W);
     store_vec<V, Stream>(buf + base, B);
     if (out) {
@@ -221,10 +275,11 @@ struct sgd_kernel {
 
 template <class M, class G, class C>
 adamw_kernel<M, G, C> adamw::kernel(const update_args<M, G, C>& a) const {
-  const double bc1 = 1 - std::pow(beta1, double(a.step)), bc2 = 1 - std::pow(beta2, double(a.step));
+  float per_step[scalar_count] = {0, 1, 1};
+  if (!a.scalars) step_scalars(a.step, a.lr, per_step);
   adamw_kernel<M, G, C> k{a.weights, a.grads, a.state[0], a.state[1], a.compute_out, a.decay, a.grad_scale,
-                          float(a.lr), float(beta1), float(beta2), float(eps), float(weight_decay), float(1 / bc1),
-                          float(1 / std::sqrt(bc2))};
+                          per_step[0], float(beta1), float(beta2), float(eps), float(weight_decay), per_step[1],
+                          per_step[2], a.scalars};
   k.vector_ok = aligned_for<k.vector_width>(k.w, k.g, k.m, k.v, k.out);  // a null out is aligned
   return k;
 }
@@ -232,7 +287,7 @@ adamw_kernel<M, G, C> adamw::kernel(const update_args<M, G, C>& a) const {
 template <class M, class G, class C>
 sgd_kernel<M, G, C> sgd::kernel(const update_args<M, G, C>& a) const {
   sgd_kernel<M, G, C> k{a.weights, a.grads, a.state[0], a.compute_out, a.decay, a.grad_scale, float(a.lr),
-                        float(momentum), float(weight_decay), nesterov};
+                        float(momentum), float(weight_decay), nesterov, a.scalars};
   k.vector_ok = aligned_for<k.vector_width>(k.w, k.g, k.buf, k.out);
   return k;
 }

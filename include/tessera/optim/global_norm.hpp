@@ -15,17 +15,45 @@
 #include "tessera/comm/communicator.hpp"
 #include "tessera/comm/trace.hpp"
 #include "tessera/core/fixed_point.hpp"
+#include "tessera/optim/algorithms.hpp"
 
 namespace tessera {
 
+//! What the host computes ahead for one step number (host memory the device
+//! reads: a ring of them, entry step % size): its learning rate after the
+//! schedule, and the algorithm's per-step scalars (has_step_scalars).
+struct step_scalars {
+  long long step;  //!< the step number this entry is for (the device checks it)
+  double lr;
+  float v[max_step_scalars];
+};
+
 //! What the device decides after the global norm, in backend memory: the
-//! update kernels read grad_scale and skip from here, so a step needs no
-//! host synchronisation.
+//! update kernels read grad_scale, skip and scalars from here, so a step
+//! needs no host synchronisation. The device also counts the steps it
+//! applied, so it numbers each step itself and takes that step's learning
+//! rate and scalars from the host's ring (step_book): the host never needs
+//! the last step's outcome before it issues the next one.
 struct step_control {
   double grad_norm;  //!< sqrt of the sum of squares; NaN where some element was not finite
   double clip_coef;  //!< clip_norm / (norm + 1e-6) where clipped, else 1
   float grad_scale;  //!< clip_coef as the kernels use it
   int skip;          //!< 1: a non-finite gradient on some rank; the step changes nothing
+  long long step;    //!< this step's number if it applies (applied steps before it + 1)
+  double lr;         //!< its learning rate
+  float scalars[max_step_scalars];  //!< the algorithm's scalars for it
+  long long applied;  //!< steps applied so far, this one included
+  long long issued;   //!< decisions made so far, this one included
+  int stale;          //!< 1: the ring had no entry for this step number (a host error; the step was skipped)
+};
+
+//! Where the device finds the host's step scalars and leaves each decision
+//! for the host (host memory: pinned on the CUDA backend): `ring[s % size]`
+//! for step number s, and decision i (0-based) at `results[i % size]`.
+struct step_book {
+  const step_scalars* ring;
+  step_control* results;
+  long long size;
 };
 
 namespace detail {
@@ -41,13 +69,37 @@ TESSERA_HOST_DEVICE inline void decide(double sum, double bad, double clip_norm,
     const bool skip = bad > 0 || !std::isfinite(norm);
 #endif
     const double coef = !skip && clip_norm > 0 && norm > clip_norm ? clip_norm / (norm + 1e-6) : 1.0;
-    *out = step_control{norm, coef, float(coef), skip ? 1 : 0};
+    out->grad_norm = norm;
+    out->clip_coef = coef;
+    out->grad_scale = float(coef);
+    out->skip = skip ? 1 : 0;
+}
+// After decide: the step's number, its scalars from the host's ring, the
+// applied count, and a copy of the whole decision for the host.
+TESSERA_HOST_DEVICE inline void number_step(step_control* c, const step_book& book) {
+  const long long s = c->applied + 1;
+  const step_scalars& e = book.ring[s % book.size];
+  c->step = s;
+  c->stale = e.step != s;
+  if (c->stale) {
+    c->skip = 1;  // nothing changes; the host reports it when it reads this decision
+  } else {
+    c->lr = e.lr;
+    for (int k = 0; k < max_step_scalars; ++k) c->scalars[k] = e.v[k];
+  }
+  if (!c->skip) c->applied = s;
+  c->issued += 1;
+  book.results[(c->issued - 1) % book.size] = *c;
 }
 struct decide_step {
   const double* acc;  // sum of squares, non-finite count
   step_control* out;
   double clip_norm;
-  TESSERA_HOST_DEVICE void operator()(std::size_t) const { decide(acc[0], acc[1], clip_norm, out); }
+  step_book book;
+  TESSERA_HOST_DEVICE void operator()(std::size_t) const {
+    decide(acc[0], acc[1], clip_norm, out);
+    number_step(out, book);
+  }
 };
 // exact_reduction: the same from the all-reduced largest magnitude and the
 // fixed-point limbs of the squares (core/fixed_point.hpp).
@@ -56,12 +108,20 @@ struct decide_exact_step {
   const std::uint64_t* limbs;
   step_control* out;
   double clip_norm;
+  step_book book;
   TESSERA_HOST_DEVICE void operator()(std::size_t) const {
     const double m = *max;
     const bool finite = fixed::finite_magnitude(m);
     const double sum = finite && m > 0 ? fixed::square_sum(limbs, fixed::square_shift(m)) : 0.0;
     decide(sum, finite ? 0.0 : 1.0, clip_norm, out);
+    number_step(out, book);
   }
+};
+// Sets the device's count of applied steps (restoring a checkpoint's).
+struct set_applied {
+  step_control* out;
+  long long applied;
+  TESSERA_HOST_DEVICE void operator()(std::size_t) const { out->applied = applied; }
 };
 // Carries in this rank's limbs before they are summed over ranks.
 struct carry_limbs {
@@ -70,14 +130,14 @@ struct carry_limbs {
 };
 
 
-//! Fills `ctl` with the step's decision from the gradients engine `e` counts
+//! Fills `ctl` with the step's decision (and its number and scalars, from `book`) from the gradients engine `e` counts
 //! in the norm (e.norm_grads(u) for each of `units` units): a sum of squares
 //! all-reduced (acc: 2 doubles), or under exact_reduction the largest
 //! magnitude (a max) and then the squares on its fixed-point grid (an
 //! integer sum of 3 limbs), order-independent on any split of the elements.
 template <class B, bool Exact, class Engine>
 void decide_global_norm(Engine& e, std::size_t units, double* acc, std::uint64_t* limbs, step_control* ctl,
-                        double clip_norm) {
+                        double clip_norm, const step_book& book) {
   using ops = backend_ops<B>;
   using G = std::remove_cvref_t<typename decltype(e.norm_grads(0))::element_type>;
   ops::fill(std::span<double>(acc, 2), 0.0);
@@ -89,14 +149,14 @@ void decide_global_norm(Engine& e, std::size_t units, double* acc, std::uint64_t
     for (std::size_t u = 0; u < units; ++u) ops::sum_squares_fixed_into(std::span<const G>(e.norm_grads(u)), acc, limbs);
     ops::for_each(1, carry_limbs{limbs});
     e.combine_partials(reinterpret_cast<std::int64_t*>(limbs), 3, comm::reduce_op::sum);
-    ops::for_each(1, decide_exact_step{acc, limbs, ctl, clip_norm});
+    ops::for_each(1, decide_exact_step{acc, limbs, ctl, clip_norm, book});
   } else {
     for (std::size_t u = 0; u < units; ++u) ops::sum_squares_into(std::span<const G>(e.norm_grads(u)), acc);
     {
       comm::label lbl("grad_norm");
       e.sum_partials(acc, 2);  // each element counted once on any mesh
     }
-    ops::for_each(1, decide_step{acc, ctl, clip_norm});
+    ops::for_each(1, decide_step{acc, ctl, clip_norm, book});
   }
 }
 

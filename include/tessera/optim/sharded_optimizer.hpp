@@ -4,6 +4,7 @@
 #include <bit>
 #include <cmath>
 #include <cstddef>
+#include <deque>
 #include <memory>
 #include <functional>
 #include <span>
@@ -110,23 +111,32 @@ std::vector<std::uint32_t> decay_mask_bits(const unit_layout& L, std::size_t n, 
   return bits;
 }
 
-// One step's outcome on its way to the host: the device's decision copied
-// into staging memory behind a marker, and what the host fixed at issue.
+// One step's outcome on its way to the host: the device writes its decision
+// into the optimizer's results ring (slot index % size) before the marker;
+// the optimizer resolves records in order before a slot is reused, so a
+// handle read late still has its own result.
 template <class B>
 struct step_record {
-  typename backend_ops<B>::template staging<step_control> host;
   typename backend_ops<B>::marker ready;
-  step_result r;  // lr, and step as it will be if the step applies
+  const step_control* slot = nullptr;  // results[index % size]
+  long long index = 0;                 // 0-based decision number
+  bool marked = false;                 // ready recorded (a captured step's is recorded after its launch)
   bool resolved = false;
-  step_record() { host.reserve(1); }
+  step_result r;
   const step_result& resolve() {
     if (!resolved) {
+      TESSERA_CHECK(marked, "step_handle::get() on a step still being captured into a graph");
       ready.wait();
-      const step_control c = host.data()[0];
+      const step_control c = *slot;
+      TESSERA_CHECK(!c.stale, "internal: the device found no learning rate for step ", c.step,
+                    " in the host's ring (decision ", index, ")");
+      TESSERA_CHECK(c.issued == index + 1, "internal: decision ", index, " read from a ring slot holding decision ",
+                    c.issued - 1);
       r.skipped = c.skip != 0;
       r.grad_norm = c.grad_norm;
       r.clip_coef = c.clip_coef;
-      if (r.skipped) r.step -= 1, r.lr = 0.0;
+      r.lr = r.skipped ? 0.0 : c.lr;
+      r.step = r.skipped ? long(c.step) - 1 : long(c.step);
       resolved = true;
     }
     return r;
@@ -205,6 +215,11 @@ public:
       }
       units_.push_back(std::move(st));
     }
+    ring_.reserve(std::size_t(ring_size));
+    results_.reserve(std::size_t(ring_size));
+    for (long long i = 0; i < ring_size; ++i) ring_.data()[i] = step_scalars{-1, 0.0, {}};  // no step numbered yet
+    const step_control zero = zero_control();
+    ops::copy_from_host(ctl_.span(), std::span<const step_control>(&zero, 1));
   }
 
   ShardedOptimizer(const ShardedOptimizer&) = delete;
@@ -266,7 +281,13 @@ public:
     return planned_state(layouts, rank, part).device;
   }
   //! The learning rate at step s (1-based): schedule(s, base lr) if set, else the base.
-  void set_schedule(std::function<double(long step, double base_lr)> f) { schedule_ = std::move(f); }
+  //! Steps already decided keep the learning rate they had; the ring of step
+  //! scalars ahead is rewritten at the next decide().
+  void set_schedule(std::function<double(long step, double base_lr)> f) {
+    settle();
+    schedule_ = std::move(f);
+    ring_hi_ = step_;
+  }
   //! Steps applied so far (waits for the last step's decision).
   [[nodiscard]] long steps() { return settle(), step_; }
   //! Sets the step counters (bias correction, schedule) when resuming from a checkpoint.
@@ -275,6 +296,8 @@ public:
     settle();
     step_ = steps;
     skipped_ = skipped;
+    ring_hi_ = steps;
+    ops::for_each(1, detail::set_applied{ctl_.data(), steps});  // the device numbers the next step steps + 1
   }
   using algorithm_type = Algorithm;
   using wrapper_type = Wrapper;
@@ -292,24 +315,46 @@ public:
     return st.state.at(std::size_t(k)).span();
   }
 
-  //! Finishes the gradient sync, computes the global norm with one
-  //! all-reduce, and decides on the device whether to skip (a non-finite
-  //! gradient on any rank: nothing changes on any rank) and how much to clip;
-  //! then updates (deferred per unit under optimizer_options::overlap_updates),
-  //! publishes the new compute weights and zeroes gradients. The host does
-  //! not wait for the device: the returned handle does when read. The host
-  //! learns the previous step's outcome here (its bias correction and lr
-  //! depend on it), by which time the device is past it.
+  //! One optimizer step: decide() then apply(). The host does not wait for
+  //! the device: the returned handle does when read.
   step_handle<B> step() {
-    e_.flush();  // updates a forward did not reach (unused units) read the control block this step rewrites
-    settle();
-    e_.finish_grad_sync();
-    detail::decide_global_norm<B, exact>(e_, units_.size(), acc_.data(), limbs_.data(), ctl_.data(), opt_.clip_norm);
-    auto rec = next_record();
-    ops::copy_to_host_async(std::span<step_control>(rec->host.data(), 1), std::span<const step_control>(ctl_.span()));
-    rec->ready.record();
-    rec->r.step = step_ + 1;
-    rec->r.lr = schedule_ ? schedule_(step_ + 1, hp_.lr) : hp_.lr;
+    auto h = decide();
+    apply();
+    return h;
+  }
+
+  //! The first half of step(): finishes the gradient sync, computes the
+  //! global norm with one all-reduce, and decides on the device whether to
+  //! skip (a non-finite gradient on any rank: nothing changes on any rank),
+  //! how much to clip, and the step's number, learning rate and scalars. The
+  //! host learns the outcome when a handle is read, or when it needs it (at
+  //! most ring_size / 2 decisions stay unread). apply() must follow before the
+  //! next decide(); between them the weights are the last step's. A step
+  //! graph (optim/step_graph.hpp) captures apply(), the next forward and
+  //! backward, and decide(), so that the updates stay in the next forward's
+  //! shadow.
+  step_handle<B> decide() {
+    TESSERA_CHECK(!decided_, "ShardedOptimizer::decide() twice without apply()");
+    e_.flush();  // updates a forward did not reach (unused units) read the control block this decision rewrites
+    e_.finish_grad_sync();  // may refuse (no gradients): before the decision is numbered
+    auto rec = issue();
+    detail::decide_global_norm<B, exact>(e_, units_.size(), acc_.data(), limbs_.data(), ctl_.data(), opt_.clip_norm,
+                                         book());
+    if (!ops::capturing()) mark();
+    decided_ = true;
+    return step_handle<B>(std::move(rec));
+  }
+
+  //! The second half of step(): the decided step's updates (deferred per
+  //! unit under optimizer_options::overlap_updates), the publication of the
+  //! new compute weights, and zeroed gradients.
+  void apply() {
+    TESSERA_CHECK(decided_, "ShardedOptimizer::apply() without a decide() before it");
+    decided_ = false;
+    // An algorithm without step scalars builds its kernel from this step's
+    // number and learning rate, which the host learns from the decision.
+    step_result now{};
+    if constexpr (!device_scalars) now = resolve_through(issued_ - 1);
     const bool defer = opt_.overlap_updates && e_.local_publication();
     // Local publication only drops gathered copies (which the updates make
     // stale); each unit's next gather settles its update first.
@@ -319,12 +364,12 @@ public:
     if (ctl_host_.size()) ops::copy_to_host_async(ctl_host_.span(), std::span<const step_control>(ctl_.span()));
     for (std::size_t u = 0; u < units_.size(); ++u) {
       if (units_[u].on_host) {  // queued on side streams now; the wait is what settling runs
-        std::function<void()> wait = queue_host_update(u, rec->r);
+        std::function<void()> wait = queue_host_update(u, now);
         if (defer) e_.defer(u, std::move(wait));
         else wait();
         continue;
       }
-      const auto k = kernel(u, rec->r);
+      const auto k = kernel(u, now);
       const std::size_t n = e_.opt_range(u).second;
       const auto update = [k, n, across_pcie = e_.offloaded(u)] {
         if (across_pcie) ops::for_each_streaming(n, k);
@@ -335,8 +380,33 @@ public:
     }
     if (!defer) e_.publish_weights(/*converted=*/true);
     e_.zero_grad();
-    pending_ = rec;
-    return step_handle<B>(std::move(rec));
+  }
+
+  //! Whether a step was decided and not yet applied.
+  [[nodiscard]] bool decided() const noexcept { return decided_; }
+  //! Whether the algorithm declares its per-step scalars, so that its steps
+  //! can be captured in a graph (optim/algorithms.hpp).
+  static constexpr bool capturable = has_step_scalars<Algorithm>;
+
+  //! For a step graph's replay (optim/step_graph.cuh), whose graph holds
+  //! apply() of the decided step, a forward and backward, and decide(): what
+  //! those do on the host (numbers the new decision, writes the ring of step
+  //! scalars ahead, returns its handle), without issuing device work. The
+  //! step stays decided. mark() once the graph is launched.
+  step_handle<B> replay_decide() {
+    static_assert(capturable, "tessera: a step graph needs an algorithm with step_scalars (optim/algorithms.hpp)");
+    TESSERA_CHECK(decided_, "ShardedOptimizer::replay_decide() replays apply() of a decided step, and none is decided");
+    return step_handle<B>(issue());
+  }
+  //! Marks every decision issued so far as reachable: their results are
+  //! there once the current stream passes this point (decide() does it
+  //! itself unless it is being captured).
+  void mark() {
+    for (auto& rec : outstanding_)
+      if (!rec->marked) {
+        rec->ready.record();
+        rec->marked = true;
+      }
   }
 
 private:
@@ -394,7 +464,8 @@ private:
     for (int k = 0; k < Algorithm::state_count; ++k) state[k] = st.state[std::size_t(k)].data();
     const update_args<M, G, C> args{e_.main_weights(u).data(), st.grads_host.data(), state, st.compute_host.data(),
                                     decay_mask{st.host_bits.empty() ? nullptr : st.host_bits.data(), st.decay_shift},
-                                    r.lr, &ctl_host_.data()->grad_scale, r.step};
+                                    r.lr, &ctl_host_.data()->grad_scale, r.step,
+                                    device_scalars ? ctl_host_.data()->scalars : nullptr};
     using F = decltype(hp_.template kernel<M, G, C>(args));
     const detail::unless_skipped<F> f{hp_.template kernel<M, G, C>(args), &ctl_host_.data()->skip};
     const std::span<const G> grads = e_.opt_grads(u);
@@ -425,7 +496,8 @@ private:
     for (int k = 0; k < Algorithm::state_count; ++k) state[k] = st.state[std::size_t(k)].data();
     const update_args<M, G, C> args{w.data(), e_.opt_grads(u).data(), state, e_.compute_out(u),
                                     decay_mask{st.decay_bits.data(), st.decay_shift}, r.lr,
-                                    control<float>(offsetof(step_control, grad_scale)), r.step};
+                                    control<float>(offsetof(step_control, grad_scale)), r.step,
+                                    device_scalars ? control<float>(offsetof(step_control, scalars)) : nullptr};
     using F = decltype(hp_.template kernel<M, G, C>(args));
     return detail::unless_skipped<F>{hp_.template kernel<M, G, C>(args), control<int>(offsetof(step_control, skip))};
   }
@@ -433,22 +505,65 @@ private:
   template <class T> const T* control(std::size_t offset) const {
     return reinterpret_cast<const T*>(reinterpret_cast<const char*>(ctl_.data()) + offset);
   }
-  // The host's counters learn the last step's outcome.
-  void settle() {
-    if (!pending_) return;
-    const step_result& r = pending_->resolve();
-    (r.skipped ? skipped_ : step_)++;
-    pending_.reset();
+  // Resolves, in order, every outstanding decision the device is already past.
+  void resolve_ready() {
+    while (!outstanding_.empty() && outstanding_.front()->marked &&
+           (outstanding_.front()->resolved || outstanding_.front()->ready.done()))
+      count(outstanding_.front());
   }
-  // A record nobody holds any more (pinned staging costs a system call to allocate).
+  // Resolves, in order, decisions up to `index` (waits for the device).
+  step_result resolve_through(long long index) {
+    step_result last{};
+    while (!outstanding_.empty() && outstanding_.front()->index <= index) {
+      last = outstanding_.front()->resolve();
+      count(outstanding_.front());
+    }
+    return last;
+  }
+  void count(const std::shared_ptr<detail::step_record<B>>& rec) {
+    const step_result& r = rec->resolve();
+    (r.skipped ? skipped_ : step_)++;
+    TESSERA_CHECK(r.skipped || r.step == step_, "internal: the device applied step ", r.step, " where the host counted ",
+                  step_);
+    outstanding_.pop_front();
+  }
+  void settle() { resolve_through(issued_ - 1); }
+  // The host half of a decision: resolves what it can, bounds what stays
+  // unread (so no results slot is reused unread and the ring's window holds
+  // every step number the device may reach), writes the ring ahead, and
+  // returns the decision's record.
+  std::shared_ptr<detail::step_record<B>> issue() {
+    resolve_ready();
+    if (outstanding_.size() >= std::size_t(max_outstanding)) resolve_through(outstanding_.front()->index);
+    // Step numbers the device may give the decisions in flight and this one.
+    const long long first = step_ + 1, last = step_ + 1 + (long long)(outstanding_.size());
+    for (long long s = std::max(first, ring_hi_ + 1); s <= last + 1; ++s) {
+      step_scalars& e = ring_.data()[s % ring_size];
+      e = step_scalars{s, schedule_ ? schedule_(long(s), hp_.lr) : hp_.lr, {}};
+      if constexpr (device_scalars) hp_.step_scalars(long(s), e.lr, e.v);
+      ring_hi_ = s;
+    }
+    auto rec = next_record();
+    rec->index = issued_++;
+    rec->slot = results_.data() + rec->index % ring_size;
+    outstanding_.push_back(rec);
+    return rec;
+  }
+  step_book book() { return {ring_.data(), results_.data(), ring_size}; }
+  // A record nobody holds any more (handles keep theirs alive).
   std::shared_ptr<detail::step_record<B>> next_record() {
     for (auto& rec : records_)
       if (rec.use_count() == 1) {
         rec->r = step_result{};
-        rec->resolved = false;
+        rec->resolved = rec->marked = false;
         return rec;
       }
     return records_.emplace_back(std::make_shared<detail::step_record<B>>());
+  }
+  static step_control zero_control() {
+    step_control c{};
+    c.grad_scale = 1;
+    return c;
   }
 
   view_type e_;
@@ -463,7 +578,19 @@ private:
   buffer<std::uint64_t> limbs_{norm_limbs};
   buffer<step_control> ctl_{1};  // the device's decision (detail::decide_step)
   buffer<step_control> ctl_host_;  // its copy for the host update (offloaded units)
-  std::shared_ptr<detail::step_record<B>> pending_;  // the last step, until the host counted it
+  static constexpr bool device_scalars = has_step_scalars<Algorithm>;
+  // The host's ring of step scalars and the device's ring of decisions
+  // (host memory the device reads and writes; step_book). At most
+  // max_outstanding decisions stay unread, so the ring's window of step
+  // numbers [applied + 1, applied + max_outstanding + 2] never wraps onto
+  // one the device may still read.
+  static constexpr long long ring_size = 16, max_outstanding = 8;
+  typename ops::template staging<step_scalars> ring_;
+  typename ops::template staging<step_control> results_;
+  long long ring_hi_ = 0;  // the highest step number written into the ring
+  long long issued_ = 0;   // decisions issued
+  bool decided_ = false;
+  std::deque<std::shared_ptr<detail::step_record<B>>> outstanding_;  // issued, not yet counted, oldest first
   std::vector<std::shared_ptr<detail::step_record<B>>> records_;
   long step_ = 0, skipped_ = 0;
 };

@@ -26,6 +26,7 @@
 #include "mlp_lm/cuda_kernels.cuh"
 #include "mlp_lm/model.hpp"
 #include "mlp_lm/workspace.hpp"
+#include "tessera/optim/step_graph.cuh"
 #include "tessera/backend/cuda/blaslt.hpp"
 #include "tessera/backend/cuda/buffer.hpp"
 #include "tessera/backend/cuda/stream.hpp"
@@ -47,6 +48,8 @@ class cuda_mlp {
 
 public:
   static constexpr const char* backend_name = "cuda";
+  //! The trainer's steps as CUDA graphs (stage(), then forward_backward_staged() in the step).
+  template <class Opt> using graph_runner = tessera::step_graph<Opt>;
 
   cuda_mlp(Wrapper& m, const model_ids& ids, const model_shape& s, std::size_t max_tokens, net_options o = {})
       : m_(m), ids_(ids), s_(s), n_max_(max_tokens), recompute_(o.recompute_gelu) {
@@ -63,7 +66,9 @@ public:
     scratch_ = dbuf<float>(scratch_floats(s));
     loss_ = dbuf<unsigned long long>(1);
     one_hot_ = dbuf<C>(n_max_ * std::size_t(s.ctx) * vocab);
-    inputs_ = dbuf<std::byte>(input_bytes());
+    TESSERA_CHECK(o.input_slots >= 1, "cuda_mlp: input_slots ", o.input_slots);
+    slots_ = o.input_slots;
+    inputs_ = dbuf<std::byte>(std::size_t(slots_) * input_bytes());
     for (auto& p : staged_) p = tessera::cuda::pinned_buffer<std::byte>(input_bytes());
     loss_host_ = tessera::cuda::pinned_buffer<unsigned long long>(1);
     TESSERA_CUDA(cudaMemsetAsync(loss_.data(), 0, sizeof(unsigned long long), tessera::cuda::current_stream()));
@@ -115,7 +120,7 @@ public:
   }
   //! Device bytes this class holds (activations, staging, scratch), for the memory estimate.
   [[nodiscard]] static std::size_t workspace_bytes(const model_shape& s, std::size_t max_tokens, net_options o = {}) {
-    return workspace::cuda_bytes<C>(s, max_tokens, o.recompute_gelu);  // what the constructor allocates
+    return workspace::cuda_bytes<C>(s, max_tokens, o.recompute_gelu, o.input_slots);  // what the constructor allocates
   }
 
   //! One micro-batch on the current stream: forward, loss, backward with
@@ -123,10 +128,26 @@ public:
   //! unit's reduction started when its gradients are complete. The summed
   //! loss of these tokens accumulates on the device (see take_loss).
   void forward_backward(const std::uint8_t* ctx, const std::uint8_t* target, std::size_t n, double global_tokens) {
+    stage(0, ctx, target, n);
+    forward_backward_staged(0, n, global_tokens);
+  }
+  //! Copies one micro-batch's inputs into input slot `slot` (of
+  //! net_options::input_slots) on the current stream, for
+  //! forward_backward_staged. The host prepares them while the device works
+  //! on what came before.
+  void stage(int slot, const std::uint8_t* ctx, const std::uint8_t* target, std::size_t n) {
     TESSERA_CHECK(n <= n_max_, "micro-batch of ", n, " tokens over the planned ", n_max_);
+    TESSERA_CHECK(slot >= 0 && slot < slots_, "input slot ", slot, " of ", slots_);
+    stage_into(slot, ctx, target, n);
+  }
+  //! forward_backward on the inputs stage() put in `slot`: only device work
+  //! with the same arguments every step, so a step graph can capture it.
+  void forward_backward_staged(int slot, std::size_t n, double global_tokens) {
+    TESSERA_CHECK(n <= n_max_, "micro-batch of ", n, " tokens over the planned ", n_max_);
+    TESSERA_CHECK(slot >= 0 && slot < slots_, "input slot ", slot, " of ", slots_);
     const int N = int(n), d = s_.d, e = s_.e(), hd = s_.hidden(), L = s_.layers;
     const std::size_t H = std::size_t(hd);
-    const auto [dctx, dtgt, order, starts] = stage(ctx, target, n);
+    const auto [dctx, dtgt, order, starts] = staged(slot);
     auto off = [&](tessera::param_id p) { return m_.slot(p).offset; };
 
     // ---- forward ----
@@ -265,29 +286,40 @@ private:
   static std::size_t input_bytes_for(const model_shape& s, std::size_t n) { return workspace::input_bytes(s, n); }
   [[nodiscard]] std::size_t input_bytes() const { return input_bytes_for(s_, n_max_); }
 
-  staged_inputs stage(const std::uint8_t* ctx, const std::uint8_t* target, std::size_t n) {
-    const std::size_t rows = n * std::size_t(s_.ctx);
+  struct input_offsets {
+    std::size_t tgt, order, starts;
+  };
+  input_offsets offsets() const {
     const std::size_t o_tgt = round4(n_max_ * std::size_t(s_.ctx)), o_order = o_tgt + round4(n_max_),
                       o_starts = o_order + n_max_ * std::size_t(s_.ctx) * sizeof(int);
+    return {o_tgt, o_order, o_starts};
+  }
+  void stage_into(int slot, const std::uint8_t* ctx, const std::uint8_t* target, std::size_t n) {
+    const std::size_t rows = n * std::size_t(s_.ctx);
+    const input_offsets o = offsets();
     // Double-buffered pinned staging: wait until the copy that last used this half is done.
     const int k = flip_ ^= 1;
     staged_done_[k].synchronize();
     std::byte* h = staged_[k].data();
     std::copy_n(reinterpret_cast<const std::byte*>(ctx), rows, h);
-    std::copy_n(reinterpret_cast<const std::byte*>(target), n, h + o_tgt);
+    std::copy_n(reinterpret_cast<const std::byte*>(target), n, h + o.tgt);
     // Counting sort of the rows by byte value (stable: rows stay in order within a byte).
     std::array<int, vocab + 1> start{};
     for (std::size_t r = 0; r < rows; ++r) start[std::size_t(ctx[r]) + 1]++;
     for (int v = 0; v < vocab; ++v) start[std::size_t(v) + 1] += start[std::size_t(v)];
-    std::copy(start.begin(), start.end(), reinterpret_cast<int*>(h + o_starts));
-    int* order = reinterpret_cast<int*>(h + o_order);
+    std::copy(start.begin(), start.end(), reinterpret_cast<int*>(h + o.starts));
+    int* order = reinterpret_cast<int*>(h + o.order);
     for (std::size_t r = 0; r < rows; ++r) order[start[ctx[r]]++] = int(r);
     const cudaStream_t s = tessera::cuda::current_stream();
-    TESSERA_CUDA(cudaMemcpyAsync(inputs_.data(), h, input_bytes(), cudaMemcpyHostToDevice, s));
+    TESSERA_CUDA(cudaMemcpyAsync(inputs_.data() + std::size_t(slot) * input_bytes(), h, input_bytes(),
+                                 cudaMemcpyHostToDevice, s));
     staged_done_[k].record(s);
-    const std::byte* dv = inputs_.data();
-    return {reinterpret_cast<const std::uint8_t*>(dv), reinterpret_cast<const std::uint8_t*>(dv + o_tgt),
-            reinterpret_cast<const int*>(dv + o_order), reinterpret_cast<const int*>(dv + o_starts)};
+  }
+  staged_inputs staged(int slot) const {
+    const input_offsets o = offsets();
+    const std::byte* dv = inputs_.data() + std::size_t(slot) * input_bytes();
+    return {reinterpret_cast<const std::uint8_t*>(dv), reinterpret_cast<const std::uint8_t*>(dv + o.tgt),
+            reinterpret_cast<const int*>(dv + o.order), reinterpret_cast<const int*>(dv + o.starts)};
   }
 
   // dW[m, n] (+)= dY^T X over k tokens, and db[m] (+)= sum over tokens of dY:
@@ -408,6 +440,7 @@ private:
   tessera::cuda::pinned_buffer<unsigned long long> loss_host_;
   tessera::cuda::event loss_ready_;
   int flip_ = 0;
+  int slots_ = 1;
   int gemm_sms_ = 0;
   bool recompute_ = false;
 };

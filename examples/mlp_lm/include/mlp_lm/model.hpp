@@ -41,6 +41,10 @@ struct net_options {
   //! (one elementwise pass per block): L x tokens x 4d activations fewer. The
   //! host back end always does.
   bool recompute_gelu = false;
+  //! Micro-batches whose inputs stay staged in device memory at once (the
+  //! CUDA back end): a step graph stages every micro-batch of a step before
+  //! its launch, each in its own slot.
+  int input_slots = 1;
 };
 
 struct block_ids {

@@ -40,12 +40,12 @@ inline std::size_t input_bytes(const model_shape& s, std::size_t n) {
 //! (none when recomputed), logits, dX, dH, a bias gradient, the one-hot
 //! matrix, scratch, the loss and the staged inputs.
 template <class C>
-std::size_t cuda_bytes(const model_shape& s, std::size_t n, bool recompute_gelu) {
+std::size_t cuda_bytes(const model_shape& s, std::size_t n, bool recompute_gelu, int input_slots = 1) {
   const std::size_t D = std::size_t(s.d), H = std::size_t(s.hidden()), L = std::size_t(s.layers);
   const std::size_t act = recompute_gelu ? 0 : L * n * H;
   return sizeof(C) * (round8(n * D) + L * block_stride(s, n) + act + n * vocab + n * D + n * H + H +
                       n * std::size_t(s.ctx) * vocab) +
-         sizeof(float) * scratch_floats(s) + sizeof(double) + input_bytes(s, n);
+         sizeof(float) * scratch_floats(s) + sizeof(double) + std::size_t(input_slots) * input_bytes(s, n);
 }
 
 //! Where cuda_mlp::lend_grad_shards lends each unit's gradient shard, in

@@ -342,6 +342,13 @@ struct backend_ops<backend::cuda> {
   }
 
   static void synchronize() { TESSERA_CUDA(cudaStreamSynchronize(cuda::current_stream())); }
+  //! Whether the current stream is being captured into a CUDA graph (work
+  //! issued now runs when the graph is launched, not now).
+  [[nodiscard]] static bool capturing() {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    TESSERA_CUDA(cudaStreamIsCapturing(cuda::current_stream(), &st));
+    return st == cudaStreamCaptureStatusActive;
+  }
 
 private:
   // after()'s side stream and events, one set per host thread (streams are per thread's work).

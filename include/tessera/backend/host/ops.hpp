@@ -112,6 +112,8 @@ struct backend_ops<backend::host> {
   }
 
   static void synchronize() noexcept {}
+  //! Whether work is being captured for replay (never on the host).
+  [[nodiscard]] static constexpr bool capturing() noexcept { return false; }
 };
 
 }  // namespace tessera
