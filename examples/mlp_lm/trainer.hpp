@@ -328,9 +328,20 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
   if (first_step < o.steps && !graphs) sample(cur, first_step, 0);
   long last_saved = -1;
   auto runner = make_step_runner<Net>(opt, graphs);
+  // The host waits for the device only at a step whose loss it reads: one
+  // printed (every --log-every, and the last), one before a checkpoint save,
+  // and the first (its time, set-up included, is not counted). A printed
+  // line's time is the mean over the steps since the last wait; saves are
+  // left out of it.
+  using clock = std::chrono::steady_clock;
+  auto since = clock::now();
+  double paused_s = 0;  // saves since `since`
+  long steps_since = 0;
   for (long step = first_step; step < o.steps; ++step) {
     fault_hook(r, step);
-    const auto t0 = std::chrono::steady_clock::now();
+    const bool shown = step % o.log_every == 0 || step == o.steps - 1;  // the same on every rank
+    const bool saving = !o.save.empty() && o.save_every > 0 && (step + 1) % o.save_every == 0;
+    const bool synced = shown || saving || step == first_step;
     step_handle<B> handle;
     if constexpr (graphable) {
       if (graphs) {
@@ -352,7 +363,7 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
         });
         net.finish_loss();
         if (step + 1 < o.steps) stage_step(step + 1);
-        if (o.deterministic) mb_loss[std::size_t(r)] = net.take_loss();  // one micro-batch per rank (checked above)
+        if (o.deterministic && synced) mb_loss[std::size_t(r)] = net.take_loss();  // one micro-batch per rank (checked above)
       }
     }
     if (!graphs) {
@@ -363,36 +374,42 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
         if (!last || step + 1 < o.steps) sample(next, last ? step + 1 : step, last ? 0 : mb + 1);
         std::swap(cur, next);
         if (o.deterministic) {
-          net.finish_loss();
-          mb_loss[std::size_t(r + mb * N)] = net.take_loss();
+          net.finish_loss();  // each micro-batch's loss on its own
+          if (synced) mb_loss[std::size_t(r + mb * N)] = net.take_loss();
         }
       }
       if (!o.deterministic) net.finish_loss();
       handle = opt.step();  // read below only when a line is printed
     }
-    double loss = 0;
-    if (o.deterministic) {
-      // One rank holds each entry and the others 0, so the sum over ranks is exact.
-      comm::all_reduce(world, std::span<double>(mb_loss), comm::reduce_op::sum);
-      for (double v : mb_loss) loss += v;
-      std::fill(mb_loss.begin(), mb_loss.end(), 0.0);
-    } else {
-      loss = net.take_loss();
-      comm::all_reduce(world, std::span<double>(&loss, 1), comm::reduce_op::sum);
+    ++steps_since;
+    double loss = 0, s = 0;
+    if (synced) {
+      if (o.deterministic) {
+        // One rank holds each entry and the others 0, so the sum over ranks is exact.
+        comm::all_reduce(world, std::span<double>(mb_loss), comm::reduce_op::sum);
+        for (double v : mb_loss) loss += v;
+        std::fill(mb_loss.begin(), mb_loss.end(), 0.0);
+      } else {
+        loss = net.take_loss();  // waits for this step's loss
+        comm::all_reduce(world, std::span<double>(&loss, 1), comm::reduce_op::sum);
+      }
+      loss /= double(o.tokens);
+      const auto now = clock::now();
+      const double span = std::chrono::duration<double>(now - since).count() - paused_s;
+      s = span / double(steps_since);  // seconds per step since the last wait
+      // The first step pays for set-up (cuBLASLt's search, first touches): not counted, unless it is the only one.
+      if (step > first_step || o.steps == first_step + 1) total_s += span, timed_steps += steps_since;
+      since = now, paused_s = 0, steps_since = 0;
+      final_loss = loss;
     }
-    loss /= double(o.tokens);
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (!o.save.empty() && o.save_every > 0 && (step + 1) % o.save_every == 0) {
+    if (saving) {  // after the wait above, so the save's time is all its own
+      const auto t_save = clock::now();
       runner.finish();  // the weights of this step (the next step runs eagerly, then replays resume)
       save(last_saved = step + 1);
+      paused_s += std::chrono::duration<double>(clock::now() - t_save).count();
     }
-    if (step > first_step || o.steps == first_step + 1) {  // the first step pays for set-up (cuBLASLt's search, first touches)
-      total_s += s;
-      ++timed_steps;
-    }
-    final_loss = loss;
     if (talk && step == 0 && !o.json && !net.choices().empty()) std::printf("products: %s\n", net.choices().c_str());
-    if (talk && (step % o.log_every == 0 || step == o.steps - 1)) {
+    if (talk && shown) {
       const step_result& res = handle.get();
       const double tps = double(o.tokens) / s;
       if (o.json) {

@@ -62,7 +62,7 @@ public:
   //! One micro-batch: forward, loss, backward with gradients accumulated into the
   //! wrapper (scaled by 1 / global_tokens), each unit's reduction started as soon
   //! as its gradients are complete. The summed cross-entropy of these tokens
-  //! accumulates until take_loss().
+  //! accumulates until finish_loss().
   void forward_backward(const std::uint8_t* ctx, const std::uint8_t* target, std::size_t n, double global_tokens) {
     TESSERA_CHECK(n <= n_max_, "micro-batch of ", n, " tokens over the planned ", n_max_);
     const int d = s_.d, e = s_.e(), hd = s_.hidden(), L = s_.layers;
@@ -159,8 +159,11 @@ public:
     }
     loss_ += loss;
   }
-  void finish_loss() {}
-  double take_loss() { return std::exchange(loss_, 0.0); }
+  //! Ends the loss summed since the last finish_loss (as the CUDA net: a
+  //! step's loss not taken is dropped, not added to the next).
+  void finish_loss() { finished_ = std::exchange(loss_, 0.0); }
+  //! The loss finish_loss ended.
+  double take_loss() const { return finished_; }
 
 private:
   // fp32 view of compute weights: the weights themselves, or a widened copy.
@@ -177,7 +180,7 @@ private:
   const model_ids& ids_;
   model_shape s_;
   std::size_t n_max_;
-  double loss_ = 0;
+  double loss_ = 0, finished_ = 0;
   buf<float> x_, h_, a_, da_, dx_, logits_, wide_;
 };
 
