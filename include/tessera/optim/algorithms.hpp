@@ -24,7 +24,7 @@
 //! come next, the device picks the set for the step it applies, and the
 //! functor reads them from update_args::scalars (backend memory) instead of
 //! the lr and step it was built with. Its launch is then the same every step,
-//! so a step can be captured in a CUDA graph and replayed (optim/step_graph.hpp),
+//! so a step can be captured in a CUDA graph and replayed (optim/step_graph.cuh),
 //! and the host never waits for the last step's outcome before issuing the
 //! next. adamw and sgd do this; an algorithm without it still works, with one
 //! host wait per step and no graphs.

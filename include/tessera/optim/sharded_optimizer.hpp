@@ -330,7 +330,7 @@ public:
   //! host learns the outcome when a handle is read, or when it needs it (at
   //! most ring_size / 2 decisions stay unread). apply() must follow before the
   //! next decide(); between them the weights are the last step's. A step
-  //! graph (optim/step_graph.hpp) captures apply(), the next forward and
+  //! graph (optim/step_graph.cuh) captures apply(), the next forward and
   //! backward, and decide(), so that the updates stay in the next forward's
   //! shadow.
   step_handle<B> decide() {
