@@ -279,12 +279,7 @@ strategy_result run_strategy(const bench_options& o, const model_shape& s, Comm&
     const auto graph_step = [&] {
       for (int mb = 0; mb < o.accum; ++mb)
         net.stage(mb, batches[std::size_t(mb)].first.data(), batches[std::size_t(mb)].second.data(), n);
-      (void)runner.step([&] {
-        for (int mb = 0; mb < o.accum; ++mb) {
-          model.begin_micro_batch(mb, o.accum);
-          net.forward_backward_staged(mb, n, double(o.tokens));
-        }
-      });
+      (void)runner.step([&] { net.forward_backward_slots(o.accum, n, double(o.tokens)); });
     };
     for (int step = 0; step < o.warmup + o.steps; ++step) {
       // Batches are sampled before the clock starts (the trainer samples the

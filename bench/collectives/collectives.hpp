@@ -12,7 +12,13 @@
 //   unit     a FullyShardedDataParallel unit of transformer-shaped tensors in
 //            one flat buffer: gather(unit) (ZeRO-3 all-gather into the pool),
 //            reduce_grads + finish_grad_sync (reduce-scatter into the shard,
-//            ZeRO-2/3; all-reduce, no_shard)
+//            ZeRO-2/3; all-reduce, no_shard). Each run is set up and timed
+//            alone, so raw out-of-place also has an "alone" row timed the
+//            same way: unit / raw-alone is what the wrapper adds, raw-alone /
+//            raw what a lone collective costs over back-to-back ones
+//   units    all-gather only: four such units gathered one after another, as a
+//            forward pass gathers them (prefetching the next), timed as one
+//            batch per run: what a unit costs when gathers follow each other
 //   mixed    all-gather: the bf16 compute shard written from fp32 main weights,
 //            then gathered in bf16; reduce-scatter: bf16 gradients reduced in
 //            fp32 (cast to the fp32 wire, then reduce-scattered)
@@ -39,7 +45,7 @@ struct options {
   std::string dtype = "float";
   int warmup = 5, iters = 20;
   std::vector<std::string> ops = {"all_gather", "reduce_scatter", "all_reduce", "broadcast"};
-  std::vector<std::string> impls = {"raw", "sharded", "unit", "unit2", "mixed"};
+  std::vector<std::string> impls = {"raw", "sharded", "unit", "unit2", "units", "mixed"};
   std::string json;
   double min_busbw = 0;  // GB/s, applies to every row with an nonzero bus factor
   bool check = true;
@@ -224,6 +230,9 @@ private:
       // previous output as input, which changes no timing.
       const double sec = time_batch(call);
       emit(rows, op, "raw", inplace ? "inplace" : "outplace", name(), bytes, n, sec, wrong);
+      // Timed one run at a time after a barrier, as the unit rows are.
+      if (!inplace || op == "all_reduce")
+        emit(rows, op, "raw", inplace ? "alone-in" : "alone", name(), bytes, n, time_each([] {}, call), wrong);
     }
   }
 
@@ -329,6 +338,49 @@ private:
     }
   }
 
+  // ---- units: four units gathered one after another, as a forward pass does ----
+  template <class Cfg>
+  void units_case(std::size_t bytes, std::vector<row>& rows) {
+    using M = typename Cfg::main_type;
+    constexpr int K = 4;
+    if (bytes > (std::size_t(256) << 20)) return;  // four units of it: small units are the question here
+    data_parallel_t<Cfg> model(c_, wrapper_options{.prefetch = true});
+    std::vector<unit_id> us;
+    std::size_t numel = 0;
+    for (int k = 0; k < K; ++k) {
+      us.push_back(model.add_unit("block" + std::to_string(k)));
+      for (auto& s : transformer_unit(std::max<std::size_t>(bytes / sizeof(T), 25))) {
+        if (k == 0) numel += s.shape.numel();
+        model.add_param(us.back(), s.name, s.shape, s.weight_decay);
+      }
+    }
+    model.finalize();
+    auto e = model.shards();
+    long wrong = 0;
+    for (int k = 0; k < K; ++k) {  // unit k's elements: the flat index pattern of rank k
+      const auto& L = e.layout(std::size_t(k));
+      for (std::size_t t = 0; t < L.tensors().size(); ++t) {
+        const auto& ts = L.tensors()[t];
+        std::vector<M> v(ts.numel);
+        for (std::size_t i = 0; i < ts.numel; ++i) v[i] = M(iota_value<T>(k, ts.offset + i));
+        model.set_param({k, int(t)}, std::span<const M>(v));
+      }
+    }
+    auto pass = [&] {
+      for (const auto u : us) {
+        auto s = model.gather(u);
+      }
+    };
+    for (int k = 0; k < K; ++k) {
+      auto s = model.gather(us[std::size_t(k)]);
+      const auto got = host_copy(s.weights());
+      for (const auto& ts : e.layout(std::size_t(k)).tensors())
+        for (std::size_t i = 0; i < ts.numel; ++i) wrong += convert<double>(got[ts.offset + i]) != iota_value<T>(k, ts.offset + i);
+    }
+    const double sec = time_each([&] { model.release_gathered(); }, pass) / K;
+    emit(rows, "all_gather", "units", "outplace", name(), e.layout(0).padded_numel() * sizeof(T), numel, sec, wrong);
+  }
+
   // ---- mixed precision forms ----
   void mixed(const std::string& op, std::size_t bytes, std::vector<row>& rows) {
     const std::size_t N = std::size_t(N_);
@@ -404,10 +456,14 @@ void bench<B, T, Comm>::measure(const std::string& op, const std::string& impl, 
   if (impl == "raw") return raw(op, bytes, rows);
   if (impl == "sharded") return sharded(op, bytes, rows);
   if (impl == "mixed") return mixed(op, bytes, rows);
-  if (impl == "unit" || impl == "unit2") {
+  if (impl == "unit" || impl == "unit2" || impl == "units") {
     // T everywhere; 16-bit types keep fp32 main weights (a config rule).
     using P = std::conditional_t<std::is_same_v<T, float> || std::is_same_v<T, double>, full_precision<T>,
                                  mixed_precision<T, float, T, T>>;
+    if (impl == "units") {
+      if (op == "all_gather") units_case<config<optim_grads_params, fsdp, P, sum, B>>(bytes, rows);
+      return;
+    }
     if (impl == "unit2") {
       if (op == "all_gather" || op == "reduce_scatter")
         return unit_case<config<optim_grads_params, fsdp2, P, sum, B>>(op, bytes, rows, impl);
@@ -440,7 +496,7 @@ int run(Comm& c, const options& o, const std::string& backend_name, const std::s
   std::map<std::string, std::pair<double, int>> avg;
   for (const auto& r : rows) {
     wrong += r.wrong;
-    auto& a = avg[r.op + " " + r.impl];
+    auto& a = avg[r.op + " " + r.impl + (r.placement.starts_with("alone") ? " " + r.placement : std::string())];
     a.first += r.busbw;
     a.second++;
     if (o.min_busbw > 0 && bus_factor(r.op, c.size()) > 0 && r.busbw < o.min_busbw) under = true;

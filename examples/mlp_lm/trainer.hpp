@@ -355,12 +355,7 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
           }
         };
         if (step == first_step) stage_step(step);
-        handle = runner.step([&] {
-          for (int mb = 0; mb < count; ++mb) {
-            model.begin_micro_batch(mb, count);
-            net.forward_backward_staged(mb, n, double(o.tokens));
-          }
-        });
+        handle = runner.step([&] { net.forward_backward_slots(count, n, double(o.tokens)); });
         net.finish_loss();
         if (step + 1 < o.steps) stage_step(step + 1);
         if (o.deterministic && synced) mb_loss[std::size_t(r)] = net.take_loss();  // one micro-batch per rank (checked above)

@@ -165,6 +165,34 @@ BOOST_AUTO_TEST_CASE(gelu_gradient_and_bias_gradient_epilogue_match_float64) {
   BOOST_TEST(worst_b <= bf16_eps);
 }
 
+// add_bias, bf16 and fp32: the 16-byte path (columns a multiple of the vector,
+// aligned) and the element-wise one (odd widths, an offset row pointer) give
+// the host's arithmetic exactly: each element is one sum rounded once.
+BOOST_AUTO_TEST_CASE(add_bias_vector_and_element_paths_match_host) {
+  std::mt19937 g(21);
+  auto check = [&](auto zero, int n, int cols, std::size_t offset) {
+    using T = decltype(zero);
+    const auto y0 = random_vec<T>(std::size_t(n) * cols + offset, g), b = random_vec<T>(std::size_t(cols), g);
+    auto dy = to_device(y0), db = to_device(b);
+    mlp_lm::gpu::add_bias(dy.data() + offset, db.data(), n, cols);
+    const auto got = to_host(dy);
+    long wrong = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      const T want = i < offset ? y0[i]
+                                : convert<T>(convert<float>(y0[i]) + convert<float>(b[(i - offset) % std::size_t(cols)]));
+      wrong += convert<float>(got[i]) != convert<float>(want);
+    }
+    BOOST_TEST(wrong == 0, "add_bias " << sizeof(T) * 8 << "-bit, " << n << " x " << cols << " at offset " << offset
+                                        << ": " << wrong << " elements differ");
+  };
+  for (int cols : {8, 40, 1024, 37}) {
+    check(bf16{}, 77, cols, 0);
+    check(bf16{}, 77, cols, 1);  // misaligned: the element-wise path
+    check(0.0f, 77, cols, 0);
+  }
+  check(bf16{}, 4096, 256, 0);  // the head's shape: many rows, few columns
+}
+
 // fp32 runs these as separate kernels; they must match float64 to fp32 rounding.
 BOOST_AUTO_TEST_CASE(separate_epilogue_kernels_match_float64) {
   std::mt19937 g(14);

@@ -19,6 +19,7 @@
 //! added in three 21-bit limbs of uint64; carry() brings the low two below
 //! 2^21 so that a sum over ranks cannot overflow either.
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <math.h>
 
@@ -33,6 +34,8 @@ inline constexpr int initial_scale = 58; //!< before a unit's first step: |g| < 
 inline constexpr int min_scale = -1000, max_scale = 1000;
 inline constexpr int square_bits = 61;   //!< g^2 * 2^t < 2^61 for the largest g
 inline constexpr std::uint64_t limb21 = (std::uint64_t(1) << 21) - 1;
+inline constexpr std::size_t limbs_per_element = 2;  //!< a gradient's (hi, lo) int64 limbs
+inline constexpr std::size_t norm_limbs = 3;         //!< a sum of squares' 21-bit uint64 limbs
 
 //! e with m < 2^e, for finite m > 0 (m = f * 2^e, f in [0.5, 1)).
 TESSERA_HOST_DEVICE inline int top_exponent(double m) {
@@ -71,6 +74,7 @@ TESSERA_HOST_DEVICE inline double from_limbs(std::int64_t hi, std::int64_t lo, i
 //! The shift of the squares of a vector whose largest |g| is m (finite, > 0).
 TESSERA_HOST_DEVICE inline int square_shift(double m) { return square_bits - 2 * top_exponent(m); }
 //! Adds g^2 * 2^t, truncated, to three 21-bit limbs.
+static_assert(norm_limbs == 3, "add_square, carry and square_sum work on three 21-bit limbs");
 TESSERA_HOST_DEVICE inline void add_square(double g, int t, std::uint64_t* l) {
   const std::uint64_t v = std::uint64_t(::floor(::ldexp(g * g, t)));
   l[0] += v & limb21;

@@ -130,31 +130,35 @@ struct carry_limbs {
 };
 
 
+//! Doubles of a norm's accumulator: the sum of squares and the count of
+//! non-finite elements (exact_reduction: the largest magnitude first).
+inline constexpr std::size_t norm_scalars = 2;
+
 //! Fills `ctl` with the step's decision (and its number and scalars, from `book`) from the gradients engine `e` counts
 //! in the norm (e.norm_grads(u) for each of `units` units): a sum of squares
-//! all-reduced (acc: 2 doubles), or under exact_reduction the largest
+//! all-reduced (acc: norm_scalars doubles), or under exact_reduction the largest
 //! magnitude (a max) and then the squares on its fixed-point grid (an
-//! integer sum of 3 limbs), order-independent on any split of the elements.
+//! integer sum of fixed::norm_limbs limbs), order-independent on any split of the elements.
 template <class B, bool Exact, class Engine>
 void decide_global_norm(Engine& e, std::size_t units, double* acc, std::uint64_t* limbs, step_control* ctl,
                         double clip_norm, const step_book& book) {
   using ops = backend_ops<B>;
   using G = std::remove_cvref_t<typename decltype(e.norm_grads(0))::element_type>;
-  ops::fill(std::span<double>(acc, 2), 0.0);
+  ops::fill(std::span<double>(acc, norm_scalars), 0.0);
   if constexpr (Exact) {
     for (std::size_t u = 0; u < units; ++u) ops::max_abs_into(std::span<const G>(e.norm_grads(u)), acc);
     comm::label lbl("grad_norm");
     e.combine_partials(acc, 1, comm::reduce_op::max);
-    ops::fill(std::span<std::uint64_t>(limbs, 3), std::uint64_t(0));
+    ops::fill(std::span<std::uint64_t>(limbs, fixed::norm_limbs), std::uint64_t(0));
     for (std::size_t u = 0; u < units; ++u) ops::sum_squares_fixed_into(std::span<const G>(e.norm_grads(u)), acc, limbs);
     ops::for_each(1, carry_limbs{limbs});
-    e.combine_partials(reinterpret_cast<std::int64_t*>(limbs), 3, comm::reduce_op::sum);
+    e.combine_partials(reinterpret_cast<std::int64_t*>(limbs), fixed::norm_limbs, comm::reduce_op::sum);
     ops::for_each(1, decide_exact_step{acc, limbs, ctl, clip_norm, book});
   } else {
     for (std::size_t u = 0; u < units; ++u) ops::sum_squares_into(std::span<const G>(e.norm_grads(u)), acc);
     {
       comm::label lbl("grad_norm");
-      e.sum_partials(acc, 2);  // each element counted once on any mesh
+      e.sum_partials(acc, norm_scalars);  // each element counted once on any mesh
     }
     ops::for_each(1, decide_step{acc, ctl, clip_norm, book});
   }

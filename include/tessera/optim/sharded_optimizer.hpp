@@ -4,7 +4,6 @@
 #include <bit>
 #include <cmath>
 #include <cstddef>
-#include <deque>
 #include <memory>
 #include <functional>
 #include <span>
@@ -18,6 +17,7 @@
 #include "tessera/core/vec.hpp"
 #include "tessera/optim/algorithms.hpp"
 #include "tessera/optim/global_norm.hpp"
+#include "tessera/optim/step_ledger.hpp"
 #include "tessera/wrapper/data_parallel.hpp"
 #include "tessera/wrapper/shard_view.hpp"
 
@@ -50,15 +50,6 @@ struct optimizer_options {
   //! faster at 1B (372 against 1027 ms a step; bench/RESULTS.md), hence the default. Units whose main
   //! weights are the compute weights (full_precision) always take `device`.
   update_site offload_update = update_site::device;
-};
-
-//! What one step did.
-struct step_result {
-  bool skipped = false;    //!< non-finite gradients on some rank: nothing updated on any rank
-  double grad_norm = 0.0;  //!< global L2 norm before clipping (inf / nan when skipped)
-  double clip_coef = 1.0;  //!< factor applied to the gradients
-  double lr = 0.0;         //!< learning rate used
-  long step = 0;           //!< steps applied so far
 };
 
 namespace detail {
@@ -111,61 +102,7 @@ std::vector<std::uint32_t> decay_mask_bits(const unit_layout& L, std::size_t n, 
   return bits;
 }
 
-// One step's outcome on its way to the host: the device writes its decision
-// into the optimizer's results ring (slot index % size) before the marker;
-// the optimizer resolves records in order before a slot is reused, so a
-// handle read late still has its own result.
-template <class B>
-struct step_record {
-  typename backend_ops<B>::marker ready;
-  const step_control* slot = nullptr;  // results[index % size]
-  long long index = 0;                 // 0-based decision number
-  bool marked = false;                 // ready recorded (a captured step's is recorded after its launch)
-  bool resolved = false;
-  step_result r;
-  const step_result& resolve() {
-    if (!resolved) {
-      TESSERA_CHECK(marked, "step_handle::get() on a step still being captured into a graph");
-      ready.wait();
-      const step_control c = *slot;
-      TESSERA_CHECK(!c.stale, "internal: the device found no learning rate for step ", c.step,
-                    " in the host's ring (decision ", index, ")");
-      TESSERA_CHECK(c.issued == index + 1, "internal: decision ", index, " read from a ring slot holding decision ",
-                    c.issued - 1);
-      r.skipped = c.skip != 0;
-      r.grad_norm = c.grad_norm;
-      r.clip_coef = c.clip_coef;
-      r.lr = r.skipped ? 0.0 : c.lr;
-      r.step = r.skipped ? long(c.step) - 1 : long(c.step);
-      resolved = true;
-    }
-    return r;
-  }
-};
-
 }  // namespace detail
-
-//! A step issued by ShardedOptimizer::step(): its result is read when asked
-//! for (get() waits for the device's decision, not for the update), so a
-//! trainer that reads it every N steps synchronises once per N steps.
-template <class B>
-class step_handle {
-public:
-  step_handle() = default;
-  //! Whether the result is known without waiting.
-  [[nodiscard]] bool ready() const { return !rec_ || rec_->resolved || rec_->ready.done(); }
-  //! The step's result (waits for the device's decision where needed).
-  [[nodiscard]] const step_result& get() const {
-    TESSERA_CHECK(rec_ != nullptr, "step_handle::get() on a handle no step() returned");
-    return rec_->resolve();
-  }
-  //! Reading a handle as a step_result waits for it: `step_result r = opt.step();`.
-  operator step_result() const { return get(); }  // NOLINT: implicit on purpose
-  explicit step_handle(std::shared_ptr<detail::step_record<B>> r) noexcept : rec_(std::move(r)) {}
-
-private:
-  std::shared_ptr<detail::step_record<B>> rec_;
-};
 
 template <class Algorithm, class Wrapper>
 class ShardedOptimizer {
@@ -215,9 +152,6 @@ public:
       }
       units_.push_back(std::move(st));
     }
-    ring_.reserve(std::size_t(ring_size));
-    results_.reserve(std::size_t(ring_size));
-    for (long long i = 0; i < ring_size; ++i) ring_.data()[i] = step_scalars{-1, 0.0, {}};  // no step numbered yet
     const step_control zero = zero_control();
     ops::copy_from_host(ctl_.span(), std::span<const step_control>(&zero, 1));
   }
@@ -284,19 +218,17 @@ public:
   //! Steps already decided keep the learning rate they had; the ring of step
   //! scalars ahead is rewritten at the next decide().
   void set_schedule(std::function<double(long step, double base_lr)> f) {
-    settle();
+    ledger_.settle();
     schedule_ = std::move(f);
-    ring_hi_ = step_;
+    ledger_.rewrite_ahead();
   }
   //! Steps applied so far (waits for the last step's decision).
-  [[nodiscard]] long steps() { return settle(), step_; }
+  [[nodiscard]] long steps() { return ledger_.settle(), ledger_.applied(); }
   //! Sets the step counters (bias correction, schedule) when resuming from a checkpoint.
   void restore_counters(long steps, long skipped) {
     TESSERA_CHECK(steps >= 0 && skipped >= 0, "restore_counters(", steps, ", ", skipped, ")");
-    settle();
-    step_ = steps;
-    skipped_ = skipped;
-    ring_hi_ = steps;
+    ledger_.settle();
+    ledger_.restore(steps, skipped);
     ops::for_each(1, detail::set_applied{ctl_.data(), steps});  // the device numbers the next step steps + 1
   }
   using algorithm_type = Algorithm;
@@ -304,7 +236,7 @@ public:
   //! The wrapper's shards this optimizer updates (for checkpoints and tools).
   [[nodiscard]] view_type shards() const noexcept { return e_; }
   //! Steps skipped for non-finite gradients so far (waits for the last step's decision).
-  [[nodiscard]] long skipped_steps() { return settle(), skipped_; }
+  [[nodiscard]] long skipped_steps() { return ledger_.settle(), ledger_.skipped(); }
   [[nodiscard]] const Algorithm& hyper_parameters() const noexcept { return hp_; }
   [[nodiscard]] const optimizer_options& options() const noexcept { return opt_; }
   //! State k of unit u over this rank's optimizer range (m = 0, v = 1 for
@@ -328,7 +260,7 @@ public:
   //! skip (a non-finite gradient on any rank: nothing changes on any rank),
   //! how much to clip, and the step's number, learning rate and scalars. The
   //! host learns the outcome when a handle is read, or when it needs it (at
-  //! most ring_size / 2 decisions stay unread). apply() must follow before the
+  //! most step_ledger::max_outstanding decisions stay unread). apply() must follow before the
   //! next decide(); between them the weights are the last step's. A step
   //! graph (optim/step_graph.cuh) captures apply(), the next forward and
   //! backward, and decide(), so that the updates stay in the next forward's
@@ -337,10 +269,10 @@ public:
     TESSERA_CHECK(!decided_, "ShardedOptimizer::decide() twice without apply()");
     e_.flush();  // updates a forward did not reach (unused units) read the control block this decision rewrites
     e_.finish_grad_sync();  // may refuse (no gradients): before the decision is numbered
-    auto rec = issue();
+    auto rec = issue();  // numbered after finish_grad_sync() accepted the step
     detail::decide_global_norm<B, exact>(e_, units_.size(), acc_.data(), limbs_.data(), ctl_.data(), opt_.clip_norm,
-                                         book());
-    if (!ops::capturing()) mark();
+                                         ledger_.book());
+    if (!ops::capturing()) ledger_.mark();
     decided_ = true;
     return step_handle<B>(std::move(rec));
   }
@@ -354,7 +286,7 @@ public:
     // An algorithm without step scalars builds its kernel from this step's
     // number and learning rate, which the host learns from the decision.
     step_result now{};
-    if constexpr (!device_scalars) now = resolve_through(issued_ - 1);
+    if constexpr (!capturable) now = ledger_.resolve_through(ledger_.issued() - 1);
     const bool defer = opt_.overlap_updates && e_.local_publication();
     // Local publication only drops gathered copies (which the updates make
     // stale); each unit's next gather settles its update first.
@@ -384,8 +316,9 @@ public:
 
   //! Whether a step was decided and not yet applied.
   [[nodiscard]] bool decided() const noexcept { return decided_; }
-  //! Whether the algorithm declares its per-step scalars, so that its steps
-  //! can be captured in a graph (optim/algorithms.hpp).
+  //! Whether the algorithm declares its per-step scalars (optim/algorithms.hpp):
+  //! its kernels then read the step's lr and scalars from the device's
+  //! decision, so apply() needs no host wait and steps can be captured in a graph.
   static constexpr bool capturable = has_step_scalars<Algorithm>;
 
   //! For a step graph's replay (optim/step_graph.cuh), whose graph holds
@@ -401,13 +334,7 @@ public:
   //! Marks every decision issued so far as reachable: their results are
   //! there once the current stream passes this point (decide() does it
   //! itself unless it is being captured).
-  void mark() {
-    for (auto& rec : outstanding_)
-      if (!rec->marked) {
-        rec->ready.record();
-        rec->marked = true;
-      }
-  }
+  void mark() { ledger_.mark(); }
 
 private:
   using C = typename Wrapper::compute_type;
@@ -465,7 +392,7 @@ private:
     const update_args<M, G, C> args{e_.main_weights(u).data(), st.grads_host.data(), state, st.compute_host.data(),
                                     decay_mask{st.host_bits.empty() ? nullptr : st.host_bits.data(), st.decay_shift},
                                     r.lr, &ctl_host_.data()->grad_scale, r.step,
-                                    device_scalars ? ctl_host_.data()->scalars : nullptr};
+                                    capturable ? ctl_host_.data()->scalars : nullptr};
     using F = decltype(hp_.template kernel<M, G, C>(args));
     const detail::unless_skipped<F> f{hp_.template kernel<M, G, C>(args), &ctl_host_.data()->skip};
     const std::span<const G> grads = e_.opt_grads(u);
@@ -497,7 +424,7 @@ private:
     const update_args<M, G, C> args{w.data(), e_.opt_grads(u).data(), state, e_.compute_out(u),
                                     decay_mask{st.decay_bits.data(), st.decay_shift}, r.lr,
                                     control<float>(offsetof(step_control, grad_scale)), r.step,
-                                    device_scalars ? control<float>(offsetof(step_control, scalars)) : nullptr};
+                                    capturable ? control<float>(offsetof(step_control, scalars)) : nullptr};
     using F = decltype(hp_.template kernel<M, G, C>(args));
     return detail::unless_skipped<F>{hp_.template kernel<M, G, C>(args), control<int>(offsetof(step_control, skip))};
   }
@@ -505,60 +432,13 @@ private:
   template <class T> const T* control(std::size_t offset) const {
     return reinterpret_cast<const T*>(reinterpret_cast<const char*>(ctl_.data()) + offset);
   }
-  // Resolves, in order, every outstanding decision the device is already past.
-  void resolve_ready() {
-    while (!outstanding_.empty() && outstanding_.front()->marked &&
-           (outstanding_.front()->resolved || outstanding_.front()->ready.done()))
-      count(outstanding_.front());
-  }
-  // Resolves, in order, decisions up to `index` (waits for the device).
-  step_result resolve_through(long long index) {
-    step_result last{};
-    while (!outstanding_.empty() && outstanding_.front()->index <= index) {
-      last = outstanding_.front()->resolve();
-      count(outstanding_.front());
-    }
-    return last;
-  }
-  void count(const std::shared_ptr<detail::step_record<B>>& rec) {
-    const step_result& r = rec->resolve();
-    (r.skipped ? skipped_ : step_)++;
-    TESSERA_CHECK(r.skipped || r.step == step_, "internal: the device applied step ", r.step, " where the host counted ",
-                  step_);
-    outstanding_.pop_front();
-  }
-  void settle() { resolve_through(issued_ - 1); }
-  // The host half of a decision: resolves what it can, bounds what stays
-  // unread (so no results slot is reused unread and the ring's window holds
-  // every step number the device may reach), writes the ring ahead, and
-  // returns the decision's record.
+  // Numbers a decision and writes the ring ahead: each step's lr (the
+  // schedule's) and the algorithm's scalars for it.
   std::shared_ptr<detail::step_record<B>> issue() {
-    resolve_ready();
-    if (outstanding_.size() >= std::size_t(max_outstanding)) resolve_through(outstanding_.front()->index);
-    // Step numbers the device may give the decisions in flight and this one.
-    const long long first = step_ + 1, last = step_ + 1 + (long long)(outstanding_.size());
-    for (long long s = std::max(first, ring_hi_ + 1); s <= last + 1; ++s) {
-      step_scalars& e = ring_.data()[s % ring_size];
-      e = step_scalars{s, schedule_ ? schedule_(long(s), hp_.lr) : hp_.lr, {}};
-      if constexpr (device_scalars) hp_.step_scalars(long(s), e.lr, e.v);
-      ring_hi_ = s;
-    }
-    auto rec = next_record();
-    rec->index = issued_++;
-    rec->slot = results_.data() + rec->index % ring_size;
-    outstanding_.push_back(rec);
-    return rec;
-  }
-  step_book book() { return {ring_.data(), results_.data(), ring_size}; }
-  // A record nobody holds any more (handles keep theirs alive).
-  std::shared_ptr<detail::step_record<B>> next_record() {
-    for (auto& rec : records_)
-      if (rec.use_count() == 1) {
-        rec->r = step_result{};
-        rec->resolved = rec->marked = false;
-        return rec;
-      }
-    return records_.emplace_back(std::make_shared<detail::step_record<B>>());
+    return ledger_.issue([this](long long s, step_scalars& e) {
+      e.lr = schedule_ ? schedule_(long(s), hp_.lr) : hp_.lr;
+      if constexpr (capturable) hp_.step_scalars(long(s), e.lr, e.v);
+    });
   }
   static step_control zero_control() {
     step_control c{};
@@ -571,28 +451,15 @@ private:
   optimizer_options opt_;
   std::function<double(long, double)> schedule_;
   std::vector<unit_state> units_;
-  static constexpr std::size_t norm_scalars = 2;  // sum of squares, non-finite count (exact: the largest magnitude)
   static constexpr bool exact = Wrapper::config::reduction::exact;
-  static constexpr std::size_t norm_limbs = exact ? 3 : 0;  // exact: the squares' fixed-point limbs
+  static constexpr std::size_t norm_scalars = detail::norm_scalars;
+  static constexpr std::size_t norm_limbs = exact ? fixed::norm_limbs : 0;  // exact: the squares' fixed-point limbs
   buffer<double> acc_{norm_scalars};
   buffer<std::uint64_t> limbs_{norm_limbs};
   buffer<step_control> ctl_{1};  // the device's decision (detail::decide_step)
   buffer<step_control> ctl_host_;  // its copy for the host update (offloaded units)
-  static constexpr bool device_scalars = has_step_scalars<Algorithm>;
-  // The host's ring of step scalars and the device's ring of decisions
-  // (host memory the device reads and writes; step_book). At most
-  // max_outstanding decisions stay unread, so the ring's window of step
-  // numbers [applied + 1, applied + max_outstanding + 2] never wraps onto
-  // one the device may still read.
-  static constexpr long long ring_size = 16, max_outstanding = 8;
-  typename ops::template staging<step_scalars> ring_;
-  typename ops::template staging<step_control> results_;
-  long long ring_hi_ = 0;  // the highest step number written into the ring
-  long long issued_ = 0;   // decisions issued
+  detail::step_ledger<B> ledger_;  // the decisions' numbers, rings and records
   bool decided_ = false;
-  std::deque<std::shared_ptr<detail::step_record<B>>> outstanding_;  // issued, not yet counted, oldest first
-  std::vector<std::shared_ptr<detail::step_record<B>>> records_;
-  long step_ = 0, skipped_ = 0;
 };
 
 }  // namespace tessera

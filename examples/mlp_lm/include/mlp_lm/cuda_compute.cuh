@@ -140,6 +140,15 @@ public:
     TESSERA_CHECK(slot >= 0 && slot < slots_, "input slot ", slot, " of ", slots_);
     stage_into(slot, ctx, target, n);
   }
+  //! A step's `count` micro-batches of n tokens each, staged in slots 0 ..
+  //! count - 1: begin_micro_batch and forward_backward_staged for each (what
+  //! the trainer's and the benchmark's step graphs capture).
+  void forward_backward_slots(int count, std::size_t n, double global_tokens) {
+    for (int mb = 0; mb < count; ++mb) {
+      m_.begin_micro_batch(mb, count);
+      forward_backward_staged(mb, n, global_tokens);
+    }
+  }
   //! forward_backward on the inputs stage() put in `slot`: only device work
   //! with the same arguments every step, so a step graph can capture it.
   void forward_backward_staged(int slot, std::size_t n, double global_tokens) {

@@ -127,15 +127,16 @@ __global__ void sum_squares_fixed_kernel(const T* x, std::size_t n, const double
   const double m = *max;
   if (!(m > 0) || !isfinite(m)) return;
   const int t = fixed::square_shift(m);
-  std::uint64_t l[3] = {0, 0, 0};
+  constexpr int K = int(fixed::norm_limbs);
+  std::uint64_t l[K] = {};
   for (std::size_t i = std::size_t(blockIdx.x) * Threads + threadIdx.x; i < n; i += std::size_t(gridDim.x) * Threads)
     fixed::add_square(convert<double>(x[i]), t, l);
   using reduce = cub::BlockReduce<unsigned long long, Threads>;
-  __shared__ typename reduce::TempStorage tmp[3];
-  unsigned long long b[3];
-  for (int k = 0; k < 3; ++k) b[k] = reduce(tmp[k]).Sum(static_cast<unsigned long long>(l[k]));
+  __shared__ typename reduce::TempStorage tmp[K];
+  unsigned long long b[K];
+  for (int k = 0; k < K; ++k) b[k] = reduce(tmp[k]).Sum(static_cast<unsigned long long>(l[k]));
   if (threadIdx.x == 0)
-    for (int k = 0; k < 3; ++k) atomicAdd(reinterpret_cast<unsigned long long*>(acc + k), b[k]);
+    for (int k = 0; k < K; ++k) atomicAdd(reinterpret_cast<unsigned long long*>(acc + k), b[k]);
 }
 
 //! Resident blocks of `threads` that fill the device once (cached per device).

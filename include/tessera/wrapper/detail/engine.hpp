@@ -426,8 +426,8 @@ private:
     slots_ = pool_type(opt_.grad_buffers, strategy::shards_grads ? max_padded : 0,
                        rules::needs_wire(permuted) ? max_padded : 0,
                        strategy::shards_optimizer && !rules::wire_is_grad ? max_shard : 0,
-                       exact && strategy::shards_grads ? 2 * max_padded : 0,
-                       exact && strategy::shards_optimizer ? 2 * max_shard : 0);
+                       exact && strategy::shards_grads ? fixed::limbs_per_element * max_padded : 0,
+                       exact && strategy::shards_optimizer ? fixed::limbs_per_element * max_shard : 0);
     if constexpr (strategy::shards_params)
       gathers_ = gather_pool<C, backend_type>(comm_, opt_.gather_buffers, max_padded, units_.size(), permuted);
   }
@@ -494,14 +494,15 @@ private:
       if (mb_index_ != mb_count_ - 1) return;
       if (solo_) return issue_outer(u);  // one rank per group: the group's sum is this rank's
       const int s = acquire_slot(u, false);
+      const std::size_t shard_limbs = fixed::limbs_per_element * L.shard_numel();
       if constexpr (!strategy::shards_optimizer)
-        slots_.issue_limbs(s, comm_.iall_reduce(exact_.limbs(u), exact_.limbs(u), 2 * L.padded_numel(), dtype::i64,
-                                                comm::reduce_op::sum),
+        slots_.issue_limbs(s, comm_.iall_reduce(exact_.limbs(u), exact_.limbs(u), fixed::limbs_per_element * L.padded_numel(),
+                                                dtype::i64, comm::reduce_op::sum),
                            landing::none, nullptr, 0, false);
       else
-        slots_.issue_limbs(s, comm_.ireduce_scatter(exact_.limbs(u), slots_[s].limbs_shard.data(), 2 * L.shard_numel(),
-                                                    dtype::i64, comm::reduce_op::sum),
-                           landing::limbs, exact_.limbs(u), 2 * L.shard_numel(), /*overwrite=*/true);
+        slots_.issue_limbs(s, comm_.ireduce_scatter(exact_.limbs(u), slots_[s].limbs_shard.data(), shard_limbs, dtype::i64,
+                                                    comm::reduce_op::sum),
+                           landing::limbs, exact_.limbs(u), shard_limbs, /*overwrite=*/true);
       return;
     }
     auto& st = units_[u];
@@ -513,9 +514,10 @@ private:
       g = std::span<const G>(slots_[s].wire.data(), L.padded_numel());
     }
     exact_.round(u, g, slots_[s].limbs.data());
-    slots_.issue_limbs(s, comm_.ireduce_scatter(slots_[s].limbs.data(), slots_[s].limbs_shard.data(), 2 * L.shard_numel(),
-                                                dtype::i64, comm::reduce_op::sum),
-                       landing::limbs, exact_.limbs(u), 2 * L.shard_numel(), exact_.take_fresh(u));
+    const std::size_t shard_limbs = fixed::limbs_per_element * L.shard_numel();
+    slots_.issue_limbs(s, comm_.ireduce_scatter(slots_[s].limbs.data(), slots_[s].limbs_shard.data(), shard_limbs, dtype::i64,
+                                                comm::reduce_op::sum),
+                       landing::limbs, exact_.limbs(u), shard_limbs, exact_.take_fresh(u));
     if (opt_.poison_released) slots_.note_sent(s, slot_grads(u));
   }
   // One rank, no replicas, one micro-batch: each sum has one addend, which is
@@ -587,7 +589,8 @@ private:
   void issue_outer(std::size_t u) {
     if (!outer_.active()) return;  // (and the spans below are not touched on a flat world)
     if constexpr (exact) {  // the group's limbs (the group_grads' extent), summed across replicas as integers
-      const std::size_t n = 2 * (store_.has_shards() ? layout(u).shard_numel() : layout(u).padded_numel());
+      const std::size_t n =
+          fixed::limbs_per_element * (store_.has_shards() ? layout(u).shard_numel() : layout(u).padded_numel());
       outer_.issue_limbs(u, exact_.limbs(u), n, exact_.has_part(u) ? exact_.part_limbs(u) : nullptr, layout(u).name());
     } else {
       outer_.issue(u, store_.group_grads(u), store_.opt_grads(u), solo_, layout(u).name());

@@ -51,11 +51,11 @@ struct to_limbs_fn {
     std::int64_t hi = 0, lo = 0;
     if (fixed::fits(g, s)) fixed::to_limbs(g, s, hi, lo);
     if (add) {
-      dst[2 * i] += hi;
-      dst[2 * i + 1] += lo;
+      dst[fixed::limbs_per_element * i] += hi;
+      dst[fixed::limbs_per_element * i + 1] += lo;
     } else {
-      dst[2 * i] = hi;
-      dst[2 * i + 1] = lo;
+      dst[fixed::limbs_per_element * i] = hi;
+      dst[fixed::limbs_per_element * i + 1] = lo;
     }
     return fixed::magnitude(g);
   }
@@ -76,7 +76,8 @@ struct from_limbs_fn {
   const int* bad;
   double post;
   TESSERA_HOST_DEVICE void operator()(std::size_t i) const {
-    const double v = *bad ? double(NAN) : fixed::from_limbs(src[2 * i], src[2 * i + 1], *scale) * post;
+    const std::size_t k = fixed::limbs_per_element * i;
+    const double v = *bad ? double(NAN) : fixed::from_limbs(src[k], src[k + 1], *scale) * post;
     dst[i] = convert<G>(v);
   }
 };
@@ -102,7 +103,7 @@ public:
   //! Bytes for units whose accumulators (and parts, on a mesh under
   //! outer<optim>) hold `elements` gradients in all, and `units` units.
   static constexpr std::size_t bytes(std::size_t elements, std::size_t units) noexcept {
-    return elements * 2 * sizeof(std::int64_t) + units * (sizeof(double) + 3 * sizeof(int));
+    return elements * fixed::limbs_per_element * sizeof(std::int64_t) + units * (sizeof(double) + 3 * sizeof(int));
   }
 
   exact_sums() = default;
@@ -110,8 +111,8 @@ public:
   //! (outer<optim>) the limbs of this replica's part of the shard.
   exact_sums(const std::vector<std::size_t>& sizes, const std::vector<std::size_t>& parts)
       : max_(sizes.size()), scale_(sizes.size()), next_(sizes.size()), bad_(sizes.size()), fresh_(sizes.size(), true) {
-    for (std::size_t n : sizes) acc_.emplace_back(2 * n);
-    for (std::size_t n : parts) part_.emplace_back(2 * n);
+    for (std::size_t n : sizes) acc_.emplace_back(fixed::limbs_per_element * n);
+    for (std::size_t n : parts) part_.emplace_back(fixed::limbs_per_element * n);
     ops::fill(scale_.span(), fixed::initial_scale);
     ops::fill(bad_.span(), 0);
     begin();
@@ -162,7 +163,8 @@ public:
     for (std::size_t u = 0; u < size(); ++u) {
       std::span<G> g = out(u);
       const auto& src = has_part(u) ? part_[u] : acc_[u];
-      TESSERA_CHECK(2 * g.size() <= src.size(), "exact_sums: unit ", u, " has ", src.size() / 2,
+      TESSERA_CHECK(fixed::limbs_per_element * g.size() <= src.size(), "exact_sums: unit ", u, " has ",
+                    src.size() / fixed::limbs_per_element,
                     " summed gradients, ", g.size(), " requested");
       ops::for_each(g.size(), from_limbs_fn<G>{src.data(), g.data(), scale_.data() + u, bad_.data() + u, post});
     }

@@ -119,8 +119,9 @@ struct storage {
     if (strategy::shards_grads) b += padded * sizeof(G);
     if (needs_wire(permuted)) b += padded * sizeof(W);
     if (strategy::shards_optimizer && !wire_is_grad) b += shard * sizeof(W);  // staging for the conversion back
-    if (exact && strategy::shards_grads) b += 2 * padded * sizeof(std::int64_t);   // the unit's limbs
-    if (exact && strategy::shards_optimizer) b += 2 * shard * sizeof(std::int64_t);  // the reduced shard's
+    constexpr std::size_t limb_bytes = fixed::limbs_per_element * sizeof(std::int64_t);  // per element
+    if (exact && strategy::shards_grads) b += padded * limb_bytes;     // the unit's limbs
+    if (exact && strategy::shards_optimizer) b += shard * limb_bytes;  // the reduced shard's
     return b;
   }
 
