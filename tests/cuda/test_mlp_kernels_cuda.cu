@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -316,6 +317,33 @@ BOOST_AUTO_TEST_CASE(column_sums_match_float64) {
         worst = std::max(worst, std::abs(got[std::size_t(c)] - s) / (mag + 1e-30));
       }
       BOOST_TEST_CONTEXT("n " << n << " cols " << cols) { BOOST_TEST(worst <= 1e-6); }
+    }
+}
+
+// The 16-byte path (aligned rows, columns a multiple of the vector) sums each
+// column exactly as the element-wise one does: the same values at an aligned
+// and at a misaligned address give the same bits, bf16 and fp32.
+BOOST_AUTO_TEST_CASE(column_sums_vector_path_equals_element_path) {
+  std::mt19937 g(23);
+  dbuf<float> scratch(mlp_lm::gpu::column_scratch_floats(4096));
+  auto check = [&](auto zero, int n, int cols) {
+    using T = decltype(zero);
+    const auto y = random_vec<T>(std::size_t(n) * std::size_t(cols), g);
+    std::vector<T> shifted(y.size() + 1);
+    std::copy(y.begin(), y.end(), shifted.begin() + 1);
+    auto aligned = to_device(y), misaligned = to_device(shifted);
+    dbuf<float> a{std::size_t(cols)}, b{std::size_t(cols)};
+    mlp_lm::gpu::column_sums(aligned.data(), n, cols, a.data(), true, scratch.span());
+    mlp_lm::gpu::column_sums(misaligned.data() + 1, n, cols, b.data(), true, scratch.span());
+    const auto ga = to_host(a), gb = to_host(b);
+    long differ = 0;
+    for (int c = 0; c < cols; ++c) differ += std::memcmp(&ga[std::size_t(c)], &gb[std::size_t(c)], sizeof(float)) != 0;
+    BOOST_TEST(differ == 0, sizeof(T) * 8 << "-bit " << n << " x " << cols << ": " << differ << " columns differ");
+  };
+  for (int n : {1, 63, 1000, 4096})
+    for (int cols : {8, 256, 1024, 4096}) {
+      check(bf16{}, n, cols);
+      check(0.0f, n, cols);
     }
 }
 

@@ -192,6 +192,50 @@ __global__ void column_partial_kernel(const C* Y, int n, int cols, int rows_per_
     partial[std::size_t(blockIdx.y) * std::size_t(cols) + std::size_t(c)] = t;
   }
 }
+// The same partial sums, V columns per thread in one 16-byte load per row:
+// each column is summed by the same thread rows, into the same four
+// accumulators, in the same order, and the block combines them as above, so
+// the partials equal column_partial_kernel's bit for bit (with 8x fewer loads).
+template <class C, int V>
+__global__ void column_partial_vec_kernel(const C* Y, int n, int cols, int rows_per_part, float* partial) {
+  const int c = (int(blockIdx.x) * 32 + int(threadIdx.x)) * V;
+  const int r0 = int(blockIdx.y) * rows_per_part, r1 = min(n, r0 + rows_per_part);
+  float s[V] = {}, s1[V] = {}, s2[V] = {}, s3[V] = {};
+  auto add = [](float* acc, const vec<C, V>& x) {
+    TESSERA_UNROLL
+    for (int k = 0; k < V; ++k) acc[k] += convert<float>(x.v[k]);
+  };
+  if (c < cols) {
+    int r = r0 + int(threadIdx.y);
+    const std::size_t w = std::size_t(cols);
+    for (; r + 24 < r1; r += 32) {
+      const vec<C, V> a = load_vec<V>(Y + std::size_t(r) * w + std::size_t(c));
+      const vec<C, V> b = load_vec<V>(Y + std::size_t(r + 8) * w + std::size_t(c));
+      const vec<C, V> d = load_vec<V>(Y + std::size_t(r + 16) * w + std::size_t(c));
+      const vec<C, V> e = load_vec<V>(Y + std::size_t(r + 24) * w + std::size_t(c));
+      add(s, a);
+      add(s1, b);
+      add(s2, d);
+      add(s3, e);
+    }
+    for (; r < r1; r += 8) add(s, load_vec<V>(Y + std::size_t(r) * w + std::size_t(c)));
+    TESSERA_UNROLL
+    for (int k = 0; k < V; ++k) s[k] = (s[k] + s1[k]) + (s2[k] + s3[k]);
+  }
+  __shared__ float part[8][32 * V + 1];
+  TESSERA_UNROLL
+  for (int k = 0; k < V; ++k) part[threadIdx.y][int(threadIdx.x) * V + k] = s[k];
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+    TESSERA_UNROLL
+    for (int k = 0; k < V; ++k) {
+      float t = 0;
+#pragma unroll
+      for (int y = 0; y < 8; ++y) t += part[y][int(threadIdx.x) * V + k];
+      partial[std::size_t(blockIdx.y) * std::size_t(cols) + std::size_t(c + k)] = t;
+    }
+  }
+}
 template <class T>
 __global__ void column_finish_kernel(const T* partial, int parts, int cols, float* out, bool overwrite) {
   const int c = int(blockIdx.x * blockDim.x + threadIdx.x);
@@ -218,7 +262,14 @@ void column_sums(const C* Y, int n, int cols, float* out, bool overwrite, std::s
                 cols, " columns needs ", std::size_t(parts) * std::size_t(cols), " floats of scratch; ", scratch.size(),
                 " given");
   if (parts > 0) {
-    column_partial_kernel<<<dim3(unsigned(chunks), unsigned(parts)), dim3(32, 8), 0, s>>>(Y, n, cols, rows, scratch.data());
+    // The slices stay those of 32-column chunks whichever kernel runs, so both give the same sums.
+    constexpr int V = 16 / int(sizeof(C));
+    if (cols % V == 0 && reinterpret_cast<std::uintptr_t>(Y) % 16 == 0) {
+      const unsigned wide = unsigned((cols / V + 31) / 32);
+      column_partial_vec_kernel<C, V><<<dim3(wide, unsigned(parts)), dim3(32, 8), 0, s>>>(Y, n, cols, rows, scratch.data());
+    } else {
+      column_partial_kernel<<<dim3(unsigned(chunks), unsigned(parts)), dim3(32, 8), 0, s>>>(Y, n, cols, rows, scratch.data());
+    }
     TESSERA_CUDA(cudaGetLastError());
   }
   column_finish_kernel<<<blocks_for(std::size_t(cols), 256), 256, 0, s>>>(scratch.data(), parts, cols, out, overwrite);
