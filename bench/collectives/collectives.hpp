@@ -278,36 +278,54 @@ private:
             {"fc1", shape({4 * h, h})},        {"fc1_b", shape({4 * h}), false}, {"fc2", shape({h, 4 * h})},
             {"fc2_b", shape({h}), false}};
   }
-  // impl "unit": fsdp's flat layout; "unit2": fsdp2's row shards (plus the
-  // copy-out after the all-gather and the copy-in before the reduce-scatter).
-  template <class Cfg>
-  void unit_case(const std::string& op, std::size_t bytes, std::vector<row>& rows, const std::string& impl) {
-    using M = typename Cfg::main_type;
-    data_parallel_t<Cfg> model(c_, wrapper_options{.prefetch = false});
-    auto u = model.add_unit("block");
+  // Adds transformer_unit's tensors for `bytes` of T to unit u; returns their elements.
+  template <class Model>
+  static std::size_t add_transformer_params(Model& model, unit_id u, std::size_t bytes) {
     std::size_t numel = 0;
     for (auto& s : transformer_unit(std::max<std::size_t>(bytes / sizeof(T), 25))) {
       numel += s.shape.numel();
       model.add_param(u, s.name, s.shape, s.weight_decay);
     }
+    return numel;
+  }
+  // Every element of unit u set to rank `pattern`'s flat index pattern (main weights).
+  template <class Model, class View>
+  static void set_pattern(Model& model, const View& e, int u, int pattern) {
+    using M = typename Model::main_type;
+    const auto& L = e.layout(std::size_t(u));
+    for (std::size_t t = 0; t < L.tensors().size(); ++t) {
+      const auto& ts = L.tensors()[t];
+      std::vector<M> v(ts.numel);
+      for (std::size_t i = 0; i < ts.numel; ++i) v[i] = M(iota_value<T>(pattern, ts.offset + i));
+      model.set_param({u, int(t)}, std::span<const M>(v));
+    }
+  }
+  // Elements of unit u, gathered, that differ from rank `pattern`'s flat index pattern.
+  template <class Model, class View>
+  long wrong_gathered(Model& model, const View& e, unit_id u, int pattern) {
+    auto s = model.gather(u);
+    const auto got = host_copy(s.weights());
+    long wrong = 0;
+    for (const auto& ts : e.layout(std::size_t(u.index)).tensors())
+      for (std::size_t i = 0; i < ts.numel; ++i) wrong += convert<double>(got[ts.offset + i]) != iota_value<T>(pattern, ts.offset + i);
+    return wrong;
+  }
+
+  // impl "unit": fsdp's flat layout; "unit2": fsdp2's row shards (plus the
+  // copy-out after the all-gather and the copy-in before the reduce-scatter).
+  template <class Cfg>
+  void unit_case(const std::string& op, std::size_t bytes, std::vector<row>& rows, const std::string& impl) {
+    data_parallel_t<Cfg> model(c_, wrapper_options{.prefetch = false});
+    auto u = model.add_unit("block");
+    const std::size_t numel = add_transformer_params(model, u, bytes);
     model.finalize();
     auto e = model.shards();
     const auto& L = e.layout(0);
     long wrong = 0;
     if (op == "all_gather") {
       // Every element of the unit set to its flat index pattern, then gathered.
-      for (std::size_t t = 0; t < L.tensors().size(); ++t) {
-        const auto& s = L.tensors()[t];
-        std::vector<M> v(s.numel);
-        for (std::size_t i = 0; i < s.numel; ++i) v[i] = M(iota_value<T>(0, s.offset + i));
-        model.set_param({0, int(t)}, std::span<const M>(v));
-      }
-      {
-        auto s = model.gather(u);
-        const auto got = host_copy(s.weights());
-        for (const auto& ts : L.tensors())
-          for (std::size_t i = 0; i < ts.numel; ++i) wrong += convert<double>(got[ts.offset + i]) != iota_value<T>(0, ts.offset + i);
-      }
+      set_pattern(model, e, 0, 0);
+      wrong = wrong_gathered(model, e, u, 0);
       const double sec = time_each([&] { model.release_gathered(); }, [&] { auto s = model.gather(u); });
       emit(rows, op, impl, "outplace", name(), L.padded_numel() * sizeof(T), numel, sec, wrong);
     } else {
@@ -341,7 +359,6 @@ private:
   // ---- units: four units gathered one after another, as a forward pass does ----
   template <class Cfg>
   void units_case(std::size_t bytes, std::vector<row>& rows) {
-    using M = typename Cfg::main_type;
     constexpr int K = 4;
     if (bytes > (std::size_t(256) << 20)) return;  // four units of it: small units are the question here
     data_parallel_t<Cfg> model(c_, wrapper_options{.prefetch = true});
@@ -349,34 +366,18 @@ private:
     std::size_t numel = 0;
     for (int k = 0; k < K; ++k) {
       us.push_back(model.add_unit("block" + std::to_string(k)));
-      for (auto& s : transformer_unit(std::max<std::size_t>(bytes / sizeof(T), 25))) {
-        if (k == 0) numel += s.shape.numel();
-        model.add_param(us.back(), s.name, s.shape, s.weight_decay);
-      }
+      numel = add_transformer_params(model, us.back(), bytes);  // the same tensors in each
     }
     model.finalize();
     auto e = model.shards();
     long wrong = 0;
-    for (int k = 0; k < K; ++k) {  // unit k's elements: the flat index pattern of rank k
-      const auto& L = e.layout(std::size_t(k));
-      for (std::size_t t = 0; t < L.tensors().size(); ++t) {
-        const auto& ts = L.tensors()[t];
-        std::vector<M> v(ts.numel);
-        for (std::size_t i = 0; i < ts.numel; ++i) v[i] = M(iota_value<T>(k, ts.offset + i));
-        model.set_param({k, int(t)}, std::span<const M>(v));
-      }
-    }
+    for (int k = 0; k < K; ++k) set_pattern(model, e, k, k);  // unit k: the flat index pattern of rank k
+    for (int k = 0; k < K; ++k) wrong += wrong_gathered(model, e, us[std::size_t(k)], k);
     auto pass = [&] {
       for (const auto u : us) {
         auto s = model.gather(u);
       }
     };
-    for (int k = 0; k < K; ++k) {
-      auto s = model.gather(us[std::size_t(k)]);
-      const auto got = host_copy(s.weights());
-      for (const auto& ts : e.layout(std::size_t(k)).tensors())
-        for (std::size_t i = 0; i < ts.numel; ++i) wrong += convert<double>(got[ts.offset + i]) != iota_value<T>(k, ts.offset + i);
-    }
     const double sec = time_each([&] { model.release_gathered(); }, pass) / K;
     emit(rows, "all_gather", "units", "outplace", name(), e.layout(0).padded_numel() * sizeof(T), numel, sec, wrong);
   }

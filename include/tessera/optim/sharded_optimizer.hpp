@@ -188,7 +188,7 @@ public:
                                                    const wrapper_options& wo = {}, const optimizer_options& oo = {}) {
     using rules = detail::storage<typename Wrapper::config>;
     planned_bytes b;
-    b.device = norm_scalars * sizeof(double) + norm_limbs * sizeof(std::uint64_t) + sizeof(step_control);
+    b.device = detail::norm_scalars * sizeof(double) + norm_limbs * sizeof(std::uint64_t) + sizeof(step_control);
     const std::vector<bool> off = detail::offloaded_units(layouts, wo.offload_optimizer);
     bool control = false;
     for (std::size_t u = 0; u < layouts.size(); ++u) {
@@ -286,7 +286,7 @@ public:
     // An algorithm without step scalars builds its kernel from this step's
     // number and learning rate, which the host learns from the decision.
     step_result now{};
-    if constexpr (!capturable) now = ledger_.resolve_through(ledger_.issued() - 1);
+    if constexpr (!capturable) now = ledger_.settle();
     const bool defer = opt_.overlap_updates && e_.local_publication();
     // Local publication only drops gathered copies (which the updates make
     // stale); each unit's next gather settles its update first.
@@ -452,9 +452,8 @@ private:
   std::function<double(long, double)> schedule_;
   std::vector<unit_state> units_;
   static constexpr bool exact = Wrapper::config::reduction::exact;
-  static constexpr std::size_t norm_scalars = detail::norm_scalars;
   static constexpr std::size_t norm_limbs = exact ? fixed::norm_limbs : 0;  // exact: the squares' fixed-point limbs
-  buffer<double> acc_{norm_scalars};
+  buffer<double> acc_{detail::norm_scalars};
   buffer<std::uint64_t> limbs_{norm_limbs};
   buffer<step_control> ctl_{1};  // the device's decision (detail::decide_step)
   buffer<step_control> ctl_host_;  // its copy for the host update (offloaded units)

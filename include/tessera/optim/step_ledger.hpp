@@ -110,8 +110,6 @@ public:
   //! Steps applied and skipped, as counted so far (settle() first for the last decision's).
   [[nodiscard]] long applied() const noexcept { return step_; }
   [[nodiscard]] long skipped() const noexcept { return skipped_; }
-  //! Decisions issued so far.
-  [[nodiscard]] long long issued() const noexcept { return issued_; }
 
   //! The host half of a decision: resolves what it can, bounds what stays
   //! unread, writes the ring ahead for every step number the device may
@@ -152,8 +150,8 @@ public:
     }
     return last;
   }
-  //! Resolves every decision issued (waits for the last one).
-  void settle() { resolve_through(issued_ - 1); }
+  //! Resolves every decision issued (waits for the last one); the last one's result.
+  step_result settle() { return resolve_through(issued_ - 1); }
   //! The ring entries from the next step on are stale (a new schedule): issue() rewrites them.
   void rewrite_ahead() { ring_hi_ = step_; }
   //! Sets the counters when resuming from a checkpoint (after settle()).

@@ -37,6 +37,8 @@ __device__ __forceinline__ float gelu_grad(float x) {
   return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * k * (1.0f + 3.0f * 0.044715f * x * x);
 }
 
+//! Whether p allows 16-byte vector accesses (load_vec / store_vec).
+inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 inline unsigned blocks_for(std::size_t n, unsigned threads) {
   const std::size_t b = (n + threads - 1) / threads;
   return unsigned(b < 1 ? 1 : (b > (1u << 30) ? (1u << 30) : b));
@@ -264,7 +266,7 @@ void column_sums(const C* Y, int n, int cols, float* out, bool overwrite, std::s
   if (parts > 0) {
     // The slices stay those of 32-column chunks whichever kernel runs, so both give the same sums.
     constexpr int V = 16 / int(sizeof(C));
-    if (cols % V == 0 && reinterpret_cast<std::uintptr_t>(Y) % 16 == 0) {
+    if (cols % V == 0 && aligned16(Y)) {
       const unsigned wide = unsigned((cols / V + 31) / 32);
       column_partial_vec_kernel<C, V><<<dim3(wide, unsigned(parts)), dim3(32, 8), 0, s>>>(Y, n, cols, rows, scratch.data());
     } else {
@@ -371,8 +373,7 @@ void add_bias(C* Y, const C* b, int n, int cols) {
   if (total == 0) return;
   const cudaStream_t s = tessera::cuda::current_stream();
   constexpr int V = 16 / int(sizeof(C));
-  const auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
-  if (cols % V == 0 && aligned(Y) && aligned(b)) {
+  if (cols % V == 0 && aligned16(Y) && aligned16(b)) {
     const unsigned threads = unsigned(std::min(128, ((cols / V + 31) / 32) * 32));
     const unsigned bx = unsigned((cols / V + int(threads) - 1) / int(threads));
     // About 4096 blocks in all, each over at least two rows.
