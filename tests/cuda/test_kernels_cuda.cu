@@ -131,6 +131,50 @@ BOOST_AUTO_TEST_CASE(sum_squares_against_float64) {
   }
 }
 
+// Many spans in one pass (the global norm's every unit): more spans than one
+// launch takes, empty ones, odd sizes and starts off the 16-byte grid (the
+// element path beside the vector one), fp32 and bf16, against float64 of
+// the same values, with the non-finite ones counted and left out.
+template <class T>
+void check_span_list_sum() {
+  std::mt19937_64 rng(std::random_device{}());
+  std::normal_distribution<float> nd;
+  const std::size_t count = 2 * tessera::cuda::detail::sum_squares_batch + 5;
+  std::vector<std::size_t> offset(count), len(count);
+  for (std::size_t k = 0; k < count; ++k) len[k] = k % 17 == 0 ? 0 : (k * 7919) % 40000 + k;  // some empty
+  len[count / 2] = (std::size_t(1) << 21) + 1;  // one long span: the grid's size
+  std::size_t total = 0;
+  for (std::size_t k = 0; k < count; ++k) {
+    offset[k] = total + (k % 3);  // one span in three starts where the last ended, which may be off the grid
+    total = offset[k] + len[k];
+  }
+  std::vector<T> x(total);
+  for (auto& v : x) v = T(nd(rng) * 3.0f);
+  double ref = 0, bad = 0;
+  for (std::size_t k = 0; k < count; ++k) {
+    if (len[k] > 2 && k % 5 == 1) x[offset[k] + len[k] / 2] = T(std::numeric_limits<float>::quiet_NaN());
+    for (std::size_t i = offset[k]; i < offset[k] + len[k]; ++i) {
+      const double d = convert<double>(x[i]);
+      if (std::isfinite(d)) ref += d * d;
+      else bad += 1;
+    }
+  }
+  auto d = to_device(x);
+  std::vector<std::span<const T>> spans;
+  for (std::size_t k = 0; k < count; ++k) spans.emplace_back(d.data() + offset[k], len[k]);
+  dbuf<double> acc(2);
+  ops::fill(acc.span(), 0.0);
+  ops::sum_squares_into(std::span<const std::span<const T>>(spans), acc.data());
+  const auto a = to_host(acc);
+  BOOST_TEST(std::abs(a[0] - ref) <= 1e-12 * ref);
+  BOOST_TEST(a[1] == bad);
+  BOOST_TEST(bad > 0.0);
+}
+BOOST_AUTO_TEST_CASE(sum_squares_over_a_list_of_spans_against_float64) {
+  check_span_list_sum<float>();
+  check_span_list_sum<bf16>();
+}
+
 // The fused AdamW pass on the device (vector and scalar paths) against float64.
 BOOST_AUTO_TEST_CASE(adamw_pass_against_float64) {
   std::mt19937_64 rng(std::random_device{}());

@@ -6,7 +6,8 @@
 //! counted in memory_of<B>()), fill, copy, copy_from_host / copy_to_host,
 //! for_each(n, f) calling a __host__ __device__ functor f(i) for i in [0, n),
 //! sum_squares_into (adds the sum of squares in double and the count of
-//! non-finite values to two doubles in backend memory),
+//! non-finite values of one span, or of a list of spans, to two doubles in
+//! backend memory),
 //! and synchronize(). Element functors are shared between backends.
 #include <cstddef>
 

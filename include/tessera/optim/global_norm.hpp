@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <span>
 #include <type_traits>
+#include <vector>
 
 #include "tessera/backend/ops.hpp"
 #include "tessera/comm/communicator.hpp"
@@ -155,7 +156,9 @@ void decide_global_norm(Engine& e, std::size_t units, double* acc, std::uint64_t
     e.combine_partials(reinterpret_cast<std::int64_t*>(limbs), fixed::norm_limbs, comm::reduce_op::sum);
     ops::for_each(1, decide_exact_step{acc, limbs, ctl, clip_norm, book});
   } else {
-    for (std::size_t u = 0; u < units; ++u) ops::sum_squares_into(std::span<const G>(e.norm_grads(u)), acc);
+    std::vector<std::span<const G>> grads(units);  // every unit's in one pass
+    for (std::size_t u = 0; u < units; ++u) grads[u] = e.norm_grads(u);
+    ops::sum_squares_into(std::span<const std::span<const G>>(grads), acc);
     {
       comm::label lbl("grad_norm");
       e.sum_partials(acc, norm_scalars);  // each element counted once on any mesh

@@ -1,7 +1,6 @@
 #pragma once
 //! \file ShardedOptimizer<Algorithm, Wrapper>: optimizer state over each rank's
 //! optimizer range only; one pass per step, then the strategy's weight all-gather.
-#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <memory>
@@ -16,6 +15,7 @@
 #include "tessera/core/fixed_point.hpp"
 #include "tessera/core/vec.hpp"
 #include "tessera/optim/algorithms.hpp"
+#include "tessera/optim/detail/unit_update.hpp"
 #include "tessera/optim/global_norm.hpp"
 #include "tessera/optim/step_ledger.hpp"
 #include "tessera/wrapper/data_parallel.hpp"
@@ -52,57 +52,6 @@ struct optimizer_options {
   update_site offload_update = update_site::device;
 };
 
-namespace detail {
-
-// An algorithm's update functor that does nothing where the device decided
-// to skip the step (one cached load per element or vector chunk).
-template <class F, bool Vector = requires { F::vector_width; }>
-struct unless_skipped {
-  F f;
-  const int* skip;
-  TESSERA_HOST_DEVICE void operator()(std::size_t i) const {
-    if (!*skip) f(i);
-  }
-};
-template <class F>
-struct unless_skipped<F, true> {
-  F f;
-  const int* skip;
-  bool vector_ok = f.vector_ok;
-  static constexpr int vector_width = F::vector_width;
-  TESSERA_HOST_DEVICE void operator()(std::size_t i) const {
-    if (!*skip) f(i);
-  }
-  template <int V, bool Stream = false>
-  TESSERA_HOST_DEVICE void run(std::size_t base) const {
-    if (!*skip) f.template run<V, Stream>(base);
-  }
-};
-
-// The weight-decay mask of one unit's optimizer range of n elements: a bit
-// per granule of the layout's alignment (a power of two; else per element),
-// cleared where a tensor without weight decay lies (piece_of(t): tensor t's
-// part of the range); empty when every tensor decays. `shift` receives log2
-// of the granule.
-template <class PieceOf>
-std::vector<std::uint32_t> decay_mask_bits(const unit_layout& L, std::size_t n, PieceOf piece_of, unsigned& shift) {
-  const std::size_t A = L.alignment();
-  shift = (A & (A - 1)) == 0 ? unsigned(std::countr_zero(A)) : 0u;
-  const std::size_t granules = (n + (std::size_t(1) << shift) - 1) >> shift;
-  std::vector<std::uint32_t> bits((granules + 31) / 32, ~0u);
-  bool any_exempt = false;
-  for (std::size_t t = 0; t < L.tensors().size(); ++t) {
-    const piece p = piece_of(t);  // range-relative
-    if (p.empty() || L.tensors()[t].spec.weight_decay) continue;
-    any_exempt = true;
-    for (std::size_t gi = p.shard_begin >> shift; gi <= (p.shard_begin + p.count - 1) >> shift; ++gi)
-      bits[gi >> 5] &= ~(1u << (gi & 31));
-  }
-  if (!any_exempt) bits.clear();
-  return bits;
-}
-
-}  // namespace detail
 
 template <class Algorithm, class Wrapper>
 class ShardedOptimizer {

@@ -11,7 +11,8 @@
 //! - fill / copy: a functor through for_each, and cudaMemcpyAsync.
 //! - sum_squares_into: a block reduction (cub::BlockReduce) in double with one
 //!   atomicAdd per block, accumulating into device memory so that every unit's
-//!   partial norm and the all-reduce stay on the device until one copy out.
+//!   partial norm and the all-reduce stay on the device until one copy out;
+//!   every unit's gradients in one launch (a batch of spans).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -72,10 +73,23 @@ struct fill_fn {
   __device__ void operator()(std::size_t i) const { p[i] = v; }
 };
 
+// Up to sum_squares_batch spans of one dtype, summed in one launch.
+inline constexpr int sum_squares_batch = 64;
+template <class T>
+struct span_batch {
+  const T* p[sum_squares_batch];
+  std::size_t n[sum_squares_batch];
+  bool aligned[sum_squares_batch];  // p[k] allows 16-byte loads
+  int count;
+};
+
 template <class T, int Threads>
-__global__ void sum_squares_kernel(const T* x, std::size_t n, double* acc, bool aligned) {
+__global__ void sum_squares_kernel(span_batch<T> xs, double* acc) {
   // 16-byte loads, four in flight per thread, summed in double (the FP64
   // rate is far above what memory delivers here, so it costs nothing).
+  // Every block walks every span in turn with no barrier between them, so a
+  // thread done with one span goes on to the next: one launch and one
+  // atomic per block for all of them, and no tail per span.
   constexpr int V = 16 / sizeof(T) > 0 ? int(16 / sizeof(T)) : 1;
   double s = 0, bad = 0;
   auto add = [&](T e) {
@@ -85,18 +99,22 @@ __global__ void sum_squares_kernel(const T* x, std::size_t n, double* acc, bool 
   };
   const std::size_t tid = std::size_t(blockIdx.x) * Threads + threadIdx.x;
   const std::size_t stride = std::size_t(gridDim.x) * Threads;
-  std::size_t done = 0;
-  if (aligned) {
-    const std::size_t chunks = n / V;
+  for (int k = 0; k < xs.count; ++k) {
+    const T* x = xs.p[k];
+    const std::size_t n = xs.n[k];
+    std::size_t done = 0;
+    if (xs.aligned[k]) {
+      const std::size_t chunks = n / V;
 #pragma unroll 4
-    for (std::size_t c = tid; c < chunks; c += stride) {
-      const auto v = load_vec<V, true>(x + c * V);
-      TESSERA_UNROLL
-      for (int l = 0; l < V; ++l) add(v.v[l]);
+      for (std::size_t c = tid; c < chunks; c += stride) {
+        const auto v = load_vec<V, true>(x + c * V);
+        TESSERA_UNROLL
+        for (int l = 0; l < V; ++l) add(v.v[l]);
+      }
+      done = chunks * V;
     }
-    done = chunks * V;
+    for (std::size_t i = done + tid; i < n; i += stride) add(x[i]);
   }
-  for (std::size_t i = done + tid; i < n; i += stride) add(x[i]);
   using reduce = cub::BlockReduce<double, Threads>;
   __shared__ typename reduce::TempStorage tmp[2];
   const double bs = reduce(tmp[0]).Sum(s);
@@ -282,12 +300,27 @@ struct backend_ops<backend::cuda> {
   }
 
   template <class T> static void sum_squares_into(std::span<const T> x, double* acc) {
-    if (x.empty()) return;
-    const unsigned blocks =
-        unsigned(std::min<std::size_t>(cuda::detail::full_grid(threads), (x.size() + threads - 1) / threads));
-    cuda::detail::sum_squares_kernel<T, threads>
-        <<<blocks, threads, 0, cuda::current_stream()>>>(x.data(), x.size(), acc, aligned_for<16 / sizeof(T)>(x.data()));
-    TESSERA_CUDA(cudaGetLastError());
+    sum_squares_into(std::span<const std::span<const T>>(&x, 1), acc);
+  }
+  //! The same over several spans, sum_squares_batch of them per launch (the
+  //! global norm's every unit in one: no tail and no launch per unit).
+  template <class T> static void sum_squares_into(std::span<const std::span<const T>> xs, double* acc) {
+    for (std::size_t k = 0; k < xs.size();) {
+      cuda::detail::span_batch<T> b{};
+      std::size_t longest = 0;  // the grid that fills the device for it serves every span
+      for (; k < xs.size() && b.count < cuda::detail::sum_squares_batch; ++k) {
+        if (xs[k].empty()) continue;
+        b.p[b.count] = xs[k].data();
+        b.n[b.count] = xs[k].size();
+        b.aligned[b.count] = aligned_for<16 / sizeof(T)>(xs[k].data());
+        longest = std::max(longest, xs[k].size());
+        ++b.count;
+      }
+      if (b.count == 0) continue;
+      const unsigned blocks = unsigned(std::min<std::size_t>(cuda::detail::full_grid(threads), (longest + threads - 1) / threads));
+      cuda::detail::sum_squares_kernel<T, threads><<<blocks, threads, 0, cuda::current_stream()>>>(b, acc);
+      TESSERA_CUDA(cudaGetLastError());
+    }
   }
 
   //! f(i) for i in [0, n), each returning a magnitude; acc[0] (device

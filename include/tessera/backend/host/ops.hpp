@@ -73,6 +73,10 @@ struct backend_ops<backend::host> {
     acc[0] += s;
     acc[1] += bad;
   }
+  //! The same over several spans (the CUDA backend's one launch for all).
+  template <class T> static void sum_squares_into(std::span<const std::span<const T>> xs, double* acc) {
+    for (const auto& x : xs) sum_squares_into(x, acc);
+  }
 
   //! Calls f(i) for i in [0, n), each returning a non-negative magnitude
   //! (+inf for a value that is not finite), and sets acc[0] to the largest
