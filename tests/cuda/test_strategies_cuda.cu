@@ -2,10 +2,12 @@
 // single-rank no_shard (comm::local<cuda>) over MPI staged through the host
 // (several ranks may share one GPU) and over NCCL wherever each rank has its
 // own GPU (always at world size 1); fp32 on the GPU matches the host backend
-// within 1e-6 relative.
+// within 1e-6 relative. Step graphs give the eager steps' bits and refuse
+// what they cannot capture.
 #define BOOST_TEST_MODULE tessera_strategies_cuda
 #include "common/mpi_test_main.hpp"
 #include "common/strategy_suite.hpp"
+#include "tessera/optim/step_graph.cuh"
 
 using namespace tessera;
 using B = backend::cuda;
@@ -139,4 +141,127 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(mesh_matches_single_rank_no_shard, Cfg, mesh_confi
       }
     }
   }
+}
+
+// ---- step graphs (optim/step_graph.cuh) ------------------------------------------
+
+namespace {
+// A backward that reads the compute weights on the device (so every step's
+// gradients differ) and writes each unit's gradients from fixed memory:
+// what a captured step needs. g_i = (w_i - 0.1 (i % 11)) * scale.
+template <class C>
+struct grad_from_weights {
+  float* g;
+  const C* w;
+  float scale;
+  __device__ void operator()(std::size_t i) const { g[i] = (convert<float>(w[i]) - 0.1f * float(i % 11)) * scale; }
+};
+struct graph_run_result {
+  std::vector<float> weights;
+  std::vector<double> norms;
+  std::vector<long> steps;
+  bool captured = false;
+  long launches = 0;
+};
+// Six steps of a three-unit model (odd sizes) on one rank, clipping at 0.5,
+// with step graphs on or off, from the same start.
+template <class Cfg>
+graph_run_result graph_run(bool graphs) {
+  using C = typename Cfg::compute_type;
+  comm::local<B> solo;
+  data_parallel_t<Cfg> m(solo);
+  const std::int64_t sizes[] = {1000, 4099, 77};
+  std::vector<unit_id> units;
+  std::vector<param_id> params;
+  for (int u = 0; u < 3; ++u) {
+    units.push_back(m.add_unit("u" + std::to_string(u)));
+    params.push_back(m.add_param(units.back(), "w", {sizes[u]}));
+  }
+  m.finalize();
+  for (int u = 0; u < 3; ++u) {
+    std::vector<float> w(static_cast<std::size_t>(sizes[u]));
+    for (std::size_t i = 0; i < w.size(); ++i) w[i] = float(tessera_test::init_value(u, 0, i));
+    m.set_param(params[std::size_t(u)], w);
+  }
+  ShardedOptimizer opt(m, adamw{.lr = 1e-2, .weight_decay = 0.1}, optimizer_options{.clip_norm = 0.5});
+  const auto fb = [&] {
+    for (int u = 3; u-- > 0;) {
+      auto s = m.gather(units[std::size_t(u)]);
+      const auto w = s.weight(params[std::size_t(u)]);
+      auto g = s.grad(params[std::size_t(u)]);
+      backend_ops<B>::for_each(g.size(), grad_from_weights<C>{g.data(), w.data(), 1.0f + 0.5f * float(u)});
+      s.reduce_grads();
+    }
+  };
+  step_graph g(opt, graphs);
+  std::vector<step_handle<B>> handles;
+  for (int s = 0; s < 6; ++s) handles.push_back(g.step(fb));
+  g.finish();
+  graph_run_result r;
+  for (auto& h : handles) {
+    r.norms.push_back(h.get().grad_norm);
+    r.steps.push_back(h.get().step);
+  }
+  for (auto p : params)
+    for (float x : m.get_param(p)) r.weights.push_back(x);
+  r.captured = g.captured();
+  r.launches = g.launches();
+  return r;
+}
+template <class Cfg>
+void check_graph_equals_eager() {
+  tessera::cuda::stream st;  // a graph cannot capture the legacy default stream
+  const cudaStream_t was = tessera::cuda::set_current_stream(st.get());
+  const auto eager = graph_run<Cfg>(false);
+  const auto graph = graph_run<Cfg>(true);
+  tessera::cuda::set_current_stream(was);
+  BOOST_TEST(!eager.captured);
+  BOOST_TEST(graph.captured);
+  BOOST_TEST(graph.launches == 4);  // steps 3-6 (two eager steps first)
+  BOOST_TEST(graph.steps == eager.steps, boost::test_tools::per_element());
+  BOOST_TEST(graph.steps.back() == 6);
+  BOOST_REQUIRE(graph.norms.size() == eager.norms.size());
+  for (std::size_t s = 0; s < eager.norms.size(); ++s) {
+    BOOST_TEST(graph.norms[s] == eager.norms[s], boost::test_tools::tolerance(1e-12));  // atomics in the sum
+    BOOST_TEST(graph.norms[s] > 0.5);  // every step clips
+  }
+  BOOST_REQUIRE(graph.weights.size() == eager.weights.size());
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < eager.weights.size(); ++i) differ += graph.weights[i] != eager.weights[i];
+  BOOST_TEST(differ == 0u);
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(step_graph_gives_the_eager_steps_bits) {
+  check_graph_equals_eager<config<optim_grads_params, fsdp, F, average_in_collective, B>>();
+  check_graph_equals_eager<config<optim_grads_params, fsdp, MP, average_in_collective, B>>();
+  check_graph_equals_eager<config<no_shard, ddp, MP, average_in_collective, B>>();
+}
+
+// What a step graph cannot capture is refused when it is made, with the reason.
+BOOST_AUTO_TEST_CASE(step_graph_refusals_are_clear_errors) {
+  using Cfg = config<optim_grads_params, fsdp, F, average_in_collective, B>;
+  {
+    comm::local<B> solo;
+    data_parallel_t<Cfg> m(solo);
+    (void)m.add_param(m.add_unit("a"), "w", {10});
+    m.finalize();
+    ShardedOptimizer opt(m, adamw{});
+    const cudaStream_t was = tessera::cuda::set_current_stream(nullptr);
+    tessera_test::expect_error([&] { step_graph g(opt); }, "step graphs cannot capture the legacy default stream");
+    step_graph off(opt, false);  // turned off, it runs anywhere
+    BOOST_TEST(!off.enabled());
+    tessera_test::expect_error([&] { step_graph g(opt, true, 0); }, "eager_steps 0");
+    tessera::cuda::set_current_stream(was);
+  }
+  comm::mpi_device c;
+  if (c.size() == 1) return;
+  data_parallel_t<Cfg> m(c);
+  (void)m.add_param(m.add_unit("a"), "w", {10});
+  m.finalize();
+  ShardedOptimizer opt(m, adamw{});
+  tessera::cuda::stream st;
+  const cudaStream_t was = tessera::cuda::set_current_stream(st.get());
+  tessera_test::expect_error([&] { step_graph g(opt); }, "step graphs run on one rank for now");
+  tessera::cuda::set_current_stream(was);
 }

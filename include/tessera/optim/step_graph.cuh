@@ -21,7 +21,8 @@
 //! leaving its updates for the next, which is captured and launched; later
 //! steps launch the same graph. The graph's
 //! results equal the eager step's bit for bit (the same kernels on the same
-//! buffers in the same order), which the GPU checks compare. finish() applies
+//! buffers in the same order), which the GPU checks compare (the trainer's
+//! dumped weights, and test-strategies-cuda's step_graph cases). finish() applies
 //! the last decided step: call it before the weights are read or saved (a
 //! checkpoint refuses a step half done) and at the end; the next step() then
 //! runs eagerly and replays resume after it.
