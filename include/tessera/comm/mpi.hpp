@@ -1,6 +1,6 @@
 #pragma once
-//! \file comm::mpi: a communicator over MPI for host memory, and mpi_session,
-//! the RAII owner of MPI_Init / MPI_Finalize.
+//! \file comm::mpi: a communicator over MPI for host memory (mpi_session, the
+//! RAII owner of MPI_Init / MPI_Finalize, is in comm/mpi_session.hpp).
 //!
 //! Every communicator it creates is a duplicate with MPI_ERRORS_RETURN, so a
 //! failed call becomes a tessera::error instead of MPI's default abort. MPI has
@@ -13,14 +13,7 @@
 //! its trace file and ends the job with MPI_Abort. With
 //! mpi_options::order_check (the default) every collective first checks that
 //! all ranks issue the same one (comm/order_check.hpp).
-// The deprecated C++ bindings add nothing here and warn under -Wextra.
-#ifndef OMPI_SKIP_MPICXX
-#define OMPI_SKIP_MPICXX 1
-#endif
-#ifndef MPICH_SKIP_MPICXX
-#define MPICH_SKIP_MPICXX 1
-#endif
-#include <mpi.h>
+#include "tessera/comm/mpi_session.hpp"
 
 #include <unistd.h>
 
@@ -41,52 +34,7 @@
 #include "tessera/comm/trace.hpp"
 #include "tessera/comm/watchdog.hpp"
 
-namespace tessera::detail {
-[[noreturn]] inline void throw_mpi_error(int rc, const char* call, ::tessera::source_location where) {
-  char text[MPI_MAX_ERROR_STRING] = {};
-  int len = 0;
-  if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) len = 0;
-  int cls = rc;
-  MPI_Error_class(rc, &cls);
-  throw error("MPI call failed: " + std::string(text, std::size_t(len)), call, cls, where);
-}
-}  // namespace tessera::detail
-
 namespace tessera::comm {
-
-//! Initialises MPI (thread level MPI_THREAD_FUNNELED) unless already done, and
-//! finalises it on destruction if it initialised it. Where it initialises
-//! MPI it also sets MPI_ERRORS_RETURN on MPI_COMM_WORLD: Open MPI reports a
-//! failed non-blocking collective through MPI_COMM_WORLD's handler in
-//! MPI_Wait, which would otherwise end the job instead of letting comm::mpi
-//! throw a tessera::error.
-//!
-//! Construct it outside the try block that catches errors (or use
-//! comm::mpi_main): MPI_Finalize during unwinding leaves the other ranks
-//! waiting in a collective forever.
-class mpi_session {
-public:
-  mpi_session(int* argc, char*** argv) {
-    int inited = 0;
-    MPI_Initialized(&inited);
-    if (!inited) {
-      int provided = 0;
-      TESSERA_MPI(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
-      MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-      owner_ = true;
-    }
-  }
-  mpi_session(const mpi_session&) = delete;
-  mpi_session& operator=(const mpi_session&) = delete;
-  ~mpi_session() {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (owner_ && !finalized) MPI_Finalize();
-  }
-
-private:
-  bool owner_ = false;
-};
 
 namespace detail {
 template <class T, class F>
