@@ -52,7 +52,6 @@ struct optimizer_options {
   update_site offload_update = update_site::device;
 };
 
-
 template <class Algorithm, class Wrapper>
 class ShardedOptimizer {
   static_assert(optimizer_algorithm<Algorithm>,
