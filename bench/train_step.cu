@@ -496,7 +496,7 @@ int main(int argc, char** argv) {
     comm::mpi world;
     const mlp_lm::gpu_placement where = mlp_lm::place_on_gpu(world.rank());
     tessera::cuda::stream compute;
-    tessera::cuda::set_current_stream(compute.get());
+    const tessera::cuda::scoped_stream on_compute(compute.get());  // restored before compute goes
     const bool use_nccl = where.communicator(o.comm) == "nccl";
     o.gemm_sms = where.gemm_sms(o.gemm_sms, use_nccl ? o.nccl_ctas : 0, world.size());
     const model_shape s{o.layers, o.d, o.ctx};

@@ -35,7 +35,7 @@ int run_cuda(const options& o_in, tessera::comm::mpi& world) {
   if (o.deterministic && o.gemm_sms < 0) o.gemm_sms = 0;
   o.gemm_sms = where.gemm_sms(o.gemm_sms, which == "nccl" ? o.nccl_ctas : 0, world.size());
   tessera::cuda::stream compute;
-  tessera::cuda::set_current_stream(compute.get());
+  const tessera::cuda::scoped_stream on_compute(compute.get());  // restored before compute goes
   if (world.rank() == 0 && !o.json)
     std::printf("tessera-mlp-lm: %d rank%s on %d GPU%s, communicator %s\n", world.size(), world.size() == 1 ? "" : "s",
                 std::min(where.gpus, where.local_size), where.gpus == 1 ? "" : "s",

@@ -133,35 +133,52 @@ BOOST_AUTO_TEST_CASE(sum_squares_against_float64) {
 
 // Many spans in one pass (the global norm's every unit): more spans than one
 // launch takes, empty ones, odd sizes and starts off the 16-byte grid (the
-// element path beside the vector one), fp32 and bf16, against float64 of
-// the same values, with the non-finite ones counted and left out.
+// element path beside the vector one), on fresh random values with a NaN in
+// one span of five where `nan` is set.
+template <class T>
+struct span_list {
+  std::vector<T> x;  // on the host
+  std::vector<std::size_t> offset, len;
+  explicit span_list(bool nan) {
+    std::mt19937_64 rng(std::random_device{}());
+    std::normal_distribution<float> nd;
+    const std::size_t count = 2 * tessera::cuda::detail::span_batch_size + 5;
+    offset.resize(count);
+    len.resize(count);
+    for (std::size_t k = 0; k < count; ++k) len[k] = k % 17 == 0 ? 0 : (k * 7919) % 40000 + k;  // some empty
+    len[count / 2] = (std::size_t(1) << 21) + 1;  // one long span: the grid's size
+    std::size_t total = 0;
+    for (std::size_t k = 0; k < count; ++k) {
+      offset[k] = total + (k % 3);  // one span in three starts where the last ended, which may be off the grid
+      total = offset[k] + len[k];
+    }
+    x.resize(total);
+    for (auto& v : x) v = T(nd(rng) * 3.0f);
+    if (nan)
+      for (std::size_t k = 0; k < count; ++k)
+        if (len[k] > 2 && k % 5 == 1) x[offset[k] + len[k] / 2] = T(std::numeric_limits<float>::quiet_NaN());
+  }
+  template <class P> std::vector<std::span<const T>> spans(const P* base) const {
+    std::vector<std::span<const T>> r;
+    for (std::size_t k = 0; k < len.size(); ++k) r.emplace_back(base + offset[k], len[k]);
+    return r;
+  }
+};
+
+// The float norm's sum against float64 of the same values, the non-finite
+// ones counted and left out; fp32 and bf16.
 template <class T>
 void check_span_list_sum() {
-  std::mt19937_64 rng(std::random_device{}());
-  std::normal_distribution<float> nd;
-  const std::size_t count = 2 * tessera::cuda::detail::sum_squares_batch + 5;
-  std::vector<std::size_t> offset(count), len(count);
-  for (std::size_t k = 0; k < count; ++k) len[k] = k % 17 == 0 ? 0 : (k * 7919) % 40000 + k;  // some empty
-  len[count / 2] = (std::size_t(1) << 21) + 1;  // one long span: the grid's size
-  std::size_t total = 0;
-  for (std::size_t k = 0; k < count; ++k) {
-    offset[k] = total + (k % 3);  // one span in three starts where the last ended, which may be off the grid
-    total = offset[k] + len[k];
-  }
-  std::vector<T> x(total);
-  for (auto& v : x) v = T(nd(rng) * 3.0f);
+  const span_list<T> l(true);
   double ref = 0, bad = 0;
-  for (std::size_t k = 0; k < count; ++k) {
-    if (len[k] > 2 && k % 5 == 1) x[offset[k] + len[k] / 2] = T(std::numeric_limits<float>::quiet_NaN());
-    for (std::size_t i = offset[k]; i < offset[k] + len[k]; ++i) {
-      const double d = convert<double>(x[i]);
+  for (std::size_t k = 0; k < l.len.size(); ++k)
+    for (std::size_t i = l.offset[k]; i < l.offset[k] + l.len[k]; ++i) {
+      const double d = convert<double>(l.x[i]);
       if (std::isfinite(d)) ref += d * d;
       else bad += 1;
     }
-  }
-  auto d = to_device(x);
-  std::vector<std::span<const T>> spans;
-  for (std::size_t k = 0; k < count; ++k) spans.emplace_back(d.data() + offset[k], len[k]);
+  auto d = to_device(l.x);
+  const auto spans = l.spans(d.data());
   dbuf<double> acc(2);
   ops::fill(acc.span(), 0.0);
   ops::sum_squares_into(std::span<const std::span<const T>>(spans), acc.data());
@@ -173,6 +190,57 @@ void check_span_list_sum() {
 BOOST_AUTO_TEST_CASE(sum_squares_over_a_list_of_spans_against_float64) {
   check_span_list_sum<float>();
   check_span_list_sum<bf16>();
+}
+
+// exact_reduction's two passes over a list of spans give the host backend's
+// integers bit for bit (the largest magnitude, the three limbs of the squares
+// on its grid), and a norm within float64 rounding of the plain sum; with a
+// NaN anywhere the max is +inf and the squares pass adds nothing.
+template <class T>
+void check_span_list_exact(bool nan) {
+  using host = backend_ops<backend::host>;
+  const span_list<T> l(nan);
+  const auto hs = l.spans(l.x.data());
+  double hmax = 0;
+  std::uint64_t hl[fixed::norm_limbs] = {};
+  host::max_abs_into(std::span<const std::span<const T>>(hs), &hmax);
+  host::sum_squares_fixed_into(std::span<const std::span<const T>>(hs), &hmax, hl);
+  auto d = to_device(l.x);
+  const auto ds = l.spans(d.data());
+  dbuf<double> max(1);
+  dbuf<std::uint64_t> limbs(fixed::norm_limbs);
+  ops::fill(max.span(), 0.0);
+  ops::fill(limbs.span(), std::uint64_t(0));
+  ops::max_abs_into(std::span<const std::span<const T>>(ds), max.data());
+  ops::sum_squares_fixed_into(std::span<const std::span<const T>>(ds), max.data(), limbs.data());
+  const auto m = to_host(max)[0];
+  const auto dl = to_host(limbs);
+  BOOST_TEST(m == hmax);
+  for (std::size_t k = 0; k < fixed::norm_limbs; ++k) BOOST_TEST(dl[k] == hl[k]);
+  if (nan) {
+    BOOST_TEST(std::isinf(m));
+    for (std::size_t k = 0; k < fixed::norm_limbs; ++k) BOOST_TEST(dl[k] == 0u);
+    return;
+  }
+  double ref = 0, top = 0;  // over the spans only, not the gaps between them
+  for (const auto& x : hs)
+    for (const T& v : x) {
+      const double f = convert<double>(v);
+      ref += f * f;
+      top = std::max(top, std::abs(f));
+    }
+  BOOST_TEST(m == top);
+  std::uint64_t c[fixed::norm_limbs];
+  for (std::size_t k = 0; k < fixed::norm_limbs; ++k) c[k] = dl[k];
+  fixed::carry(c);
+  const double sum = fixed::square_sum(c, fixed::square_shift(m));
+  BOOST_TEST(std::abs(sum - ref) <= 1e-9 * ref);
+}
+BOOST_AUTO_TEST_CASE(exact_norm_passes_over_a_list_of_spans_match_the_host) {
+  for (bool nan : {false, true}) {
+    check_span_list_exact<float>(nan);
+    check_span_list_exact<bf16>(nan);
+  }
 }
 
 // The fused AdamW pass on the device (vector and scalar paths) against float64.

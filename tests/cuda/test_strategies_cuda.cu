@@ -211,10 +211,12 @@ graph_run_result graph_run(bool graphs) {
 template <class Cfg>
 void check_graph_equals_eager() {
   tessera::cuda::stream st;  // a graph cannot capture the legacy default stream
-  const cudaStream_t was = tessera::cuda::set_current_stream(st.get());
-  const auto eager = graph_run<Cfg>(false);
-  const auto graph = graph_run<Cfg>(true);
-  tessera::cuda::set_current_stream(was);
+  graph_run_result eager, graph;
+  {
+    const tessera::cuda::scoped_stream on(st.get());
+    eager = graph_run<Cfg>(false);
+    graph = graph_run<Cfg>(true);
+  }
   BOOST_TEST(!eager.captured);
   BOOST_TEST(graph.captured);
   BOOST_TEST(graph.launches == 4);  // steps 3-6 (two eager steps first)
@@ -247,12 +249,11 @@ BOOST_AUTO_TEST_CASE(step_graph_refusals_are_clear_errors) {
     (void)m.add_param(m.add_unit("a"), "w", {10});
     m.finalize();
     ShardedOptimizer opt(m, adamw{});
-    const cudaStream_t was = tessera::cuda::set_current_stream(nullptr);
+    const tessera::cuda::scoped_stream on(nullptr);
     tessera_test::expect_error([&] { step_graph g(opt); }, "step graphs cannot capture the legacy default stream");
     step_graph off(opt, false);  // turned off, it runs anywhere
     BOOST_TEST(!off.enabled());
     tessera_test::expect_error([&] { step_graph g(opt, true, 0); }, "eager_steps 0");
-    tessera::cuda::set_current_stream(was);
   }
   comm::mpi_device c;
   if (c.size() == 1) return;
@@ -261,7 +262,6 @@ BOOST_AUTO_TEST_CASE(step_graph_refusals_are_clear_errors) {
   m.finalize();
   ShardedOptimizer opt(m, adamw{});
   tessera::cuda::stream st;
-  const cudaStream_t was = tessera::cuda::set_current_stream(st.get());
+  const tessera::cuda::scoped_stream on(st.get());
   tessera_test::expect_error([&] { step_graph g(opt); }, "step graphs run on one rank for now");
-  tessera::cuda::set_current_stream(was);
 }

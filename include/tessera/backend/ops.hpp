@@ -7,8 +7,9 @@
 //! for_each(n, f) calling a __host__ __device__ functor f(i) for i in [0, n),
 //! sum_squares_into (adds the sum of squares in double and the count of
 //! non-finite values of one span, or of a list of spans, to two doubles in
-//! backend memory),
-//! and synchronize(). Element functors are shared between backends.
+//! backend memory), exact_reduction's max_abs_into and sum_squares_fixed_into
+//! (the largest magnitude, then the squares on its fixed-point grid; one span
+//! or a list), and synchronize(). Element functors are shared between backends.
 #include <cstddef>
 
 #include "tessera/core/config.hpp"

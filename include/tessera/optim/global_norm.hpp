@@ -146,19 +146,20 @@ void decide_global_norm(Engine& e, std::size_t units, double* acc, std::uint64_t
   using ops = backend_ops<B>;
   using G = std::remove_cvref_t<typename decltype(e.norm_grads(0))::element_type>;
   ops::fill(std::span<double>(acc, norm_scalars), 0.0);
+  std::vector<std::span<const G>> grads(units);  // every unit's in one pass
+  for (std::size_t u = 0; u < units; ++u) grads[u] = e.norm_grads(u);
+  const std::span<const std::span<const G>> all(grads);
   if constexpr (Exact) {
-    for (std::size_t u = 0; u < units; ++u) ops::max_abs_into(std::span<const G>(e.norm_grads(u)), acc);
+    ops::max_abs_into(all, acc);
     comm::label lbl("grad_norm");
     e.combine_partials(acc, 1, comm::reduce_op::max);
     ops::fill(std::span<std::uint64_t>(limbs, fixed::norm_limbs), std::uint64_t(0));
-    for (std::size_t u = 0; u < units; ++u) ops::sum_squares_fixed_into(std::span<const G>(e.norm_grads(u)), acc, limbs);
+    ops::sum_squares_fixed_into(all, acc, limbs);
     ops::for_each(1, carry_limbs{limbs});
     e.combine_partials(reinterpret_cast<std::int64_t*>(limbs), fixed::norm_limbs, comm::reduce_op::sum);
     ops::for_each(1, decide_exact_step{acc, limbs, ctl, clip_norm, book});
   } else {
-    std::vector<std::span<const G>> grads(units);  // every unit's in one pass
-    for (std::size_t u = 0; u < units; ++u) grads[u] = e.norm_grads(u);
-    ops::sum_squares_into(std::span<const std::span<const G>>(grads), acc);
+    ops::sum_squares_into(all, acc);
     {
       comm::label lbl("grad_norm");
       e.sum_partials(acc, norm_scalars);  // each element counted once on any mesh

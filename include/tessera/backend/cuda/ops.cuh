@@ -12,7 +12,8 @@
 //! - sum_squares_into: a block reduction (cub::BlockReduce) in double with one
 //!   atomicAdd per block, accumulating into device memory so that every unit's
 //!   partial norm and the all-reduce stay on the device until one copy out;
-//!   every unit's gradients in one launch (a batch of spans).
+//!   every unit's gradients in one launch (a batch of spans). exact_reduction's
+//!   two passes (max_abs_into, sum_squares_fixed_into) walk the same batches.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -73,30 +74,24 @@ struct fill_fn {
   __device__ void operator()(std::size_t i) const { p[i] = v; }
 };
 
-// Up to sum_squares_batch spans of one dtype, summed in one launch.
-inline constexpr int sum_squares_batch = 64;
+// Up to span_batch_size spans of one dtype, read by one launch (the global
+// norm's passes over every unit's gradients).
+inline constexpr int span_batch_size = 64;
 template <class T>
 struct span_batch {
-  const T* p[sum_squares_batch];
-  std::size_t n[sum_squares_batch];
-  bool aligned[sum_squares_batch];  // p[k] allows 16-byte loads
+  const T* p[span_batch_size];
+  std::size_t n[span_batch_size];
+  bool aligned[span_batch_size];  // p[k] allows 16-byte loads
   int count;
 };
 
-template <class T, int Threads>
-__global__ void sum_squares_kernel(span_batch<T> xs, double* acc) {
-  // 16-byte loads, four in flight per thread, summed in double (the FP64
-  // rate is far above what memory delivers here, so it costs nothing).
-  // Every block walks every span in turn with no barrier between them, so a
-  // thread done with one span goes on to the next: one launch and one
-  // atomic per block for all of them, and no tail per span.
+// f(x) for this thread's share of every element of every span: a grid-stride
+// walk over each span in turn, 16-byte loads (four in flight) where the span
+// allows them. No barrier between spans, so a thread done with one goes on
+// to the next: one launch for all of them, and no tail per span.
+template <int Threads, class T, class F>
+__device__ void for_each_element(const span_batch<T>& xs, F&& f) {
   constexpr int V = 16 / sizeof(T) > 0 ? int(16 / sizeof(T)) : 1;
-  double s = 0, bad = 0;
-  auto add = [&](T e) {
-    const double f = convert<double>(e);
-    if (isfinite(f)) s += f * f;
-    else bad += 1;
-  };
   const std::size_t tid = std::size_t(blockIdx.x) * Threads + threadIdx.x;
   const std::size_t stride = std::size_t(gridDim.x) * Threads;
   for (int k = 0; k < xs.count; ++k) {
@@ -109,12 +104,24 @@ __global__ void sum_squares_kernel(span_batch<T> xs, double* acc) {
       for (std::size_t c = tid; c < chunks; c += stride) {
         const auto v = load_vec<V, true>(x + c * V);
         TESSERA_UNROLL
-        for (int l = 0; l < V; ++l) add(v.v[l]);
+        for (int l = 0; l < V; ++l) f(v.v[l]);
       }
       done = chunks * V;
     }
-    for (std::size_t i = done + tid; i < n; i += stride) add(x[i]);
+    for (std::size_t i = done + tid; i < n; i += stride) f(x[i]);
   }
+}
+
+// Summed in double: the FP64 rate is far above what memory delivers here,
+// so it costs nothing.
+template <class T, int Threads>
+__global__ void sum_squares_kernel(span_batch<T> xs, double* acc) {
+  double s = 0, bad = 0;
+  for_each_element<Threads>(xs, [&](T e) {
+    const double f = convert<double>(e);
+    if (isfinite(f)) s += f * f;
+    else bad += 1;
+  });
   using reduce = cub::BlockReduce<double, Threads>;
   __shared__ typename reduce::TempStorage tmp[2];
   const double bs = reduce(tmp[0]).Sum(s);
@@ -128,11 +135,8 @@ __global__ void sum_squares_kernel(span_batch<T> xs, double* acc) {
 // exact_reduction's passes: the largest magnitude, then the squares on a
 // fixed-point grid. Integer and max reductions give the same result in any
 // order, so the atomics across blocks are deterministic.
-template <class F, int Threads>
-__global__ void for_each_max_kernel(std::size_t n, F f, double* acc) {
-  double m = 0;
-  for (std::size_t i = std::size_t(blockIdx.x) * Threads + threadIdx.x; i < n; i += std::size_t(gridDim.x) * Threads)
-    m = fmax(m, f(i));
+template <int Threads>
+__device__ void block_max_into(double m, double* acc) {
   using reduce = cub::BlockReduce<double, Threads>;
   __shared__ typename reduce::TempStorage tmp;
   const double bm = reduce(tmp).Reduce(m, [](double a, double b) { return a > b ? a : b; });
@@ -140,15 +144,27 @@ __global__ void for_each_max_kernel(std::size_t n, F f, double* acc) {
   if (threadIdx.x == 0)
     atomicMax(reinterpret_cast<unsigned long long*>(acc), static_cast<unsigned long long>(__double_as_longlong(bm)));
 }
+template <class F, int Threads>
+__global__ void for_each_max_kernel(std::size_t n, F f, double* acc) {
+  double m = 0;
+  for (std::size_t i = std::size_t(blockIdx.x) * Threads + threadIdx.x; i < n; i += std::size_t(gridDim.x) * Threads)
+    m = fmax(m, f(i));
+  block_max_into<Threads>(m, acc);
+}
 template <class T, int Threads>
-__global__ void sum_squares_fixed_kernel(const T* x, std::size_t n, const double* max, std::uint64_t* acc) {
+__global__ void max_abs_kernel(span_batch<T> xs, double* acc) {
+  double m = 0;
+  for_each_element<Threads>(xs, [&](T e) { m = fmax(m, fixed::magnitude(convert<double>(e))); });
+  block_max_into<Threads>(m, acc);
+}
+template <class T, int Threads>
+__global__ void sum_squares_fixed_kernel(span_batch<T> xs, const double* max, std::uint64_t* acc) {
   const double m = *max;
   if (!(m > 0) || !isfinite(m)) return;
   const int t = fixed::square_shift(m);
   constexpr int K = int(fixed::norm_limbs);
   std::uint64_t l[K] = {};
-  for (std::size_t i = std::size_t(blockIdx.x) * Threads + threadIdx.x; i < n; i += std::size_t(gridDim.x) * Threads)
-    fixed::add_square(convert<double>(x[i]), t, l);
+  for_each_element<Threads>(xs, [&](T e) { fixed::add_square(convert<double>(e), t, l); });
   using reduce = cub::BlockReduce<unsigned long long, Threads>;
   __shared__ typename reduce::TempStorage tmp[K];
   unsigned long long b[K];
@@ -302,25 +318,12 @@ struct backend_ops<backend::cuda> {
   template <class T> static void sum_squares_into(std::span<const T> x, double* acc) {
     sum_squares_into(std::span<const std::span<const T>>(&x, 1), acc);
   }
-  //! The same over several spans, sum_squares_batch of them per launch (the
+  //! The same over several spans, span_batch_size of them per launch (the
   //! global norm's every unit in one: no tail and no launch per unit).
   template <class T> static void sum_squares_into(std::span<const std::span<const T>> xs, double* acc) {
-    for (std::size_t k = 0; k < xs.size();) {
-      cuda::detail::span_batch<T> b{};
-      std::size_t longest = 0;  // the grid that fills the device for it serves every span
-      for (; k < xs.size() && b.count < cuda::detail::sum_squares_batch; ++k) {
-        if (xs[k].empty()) continue;
-        b.p[b.count] = xs[k].data();
-        b.n[b.count] = xs[k].size();
-        b.aligned[b.count] = aligned_for<16 / sizeof(T)>(xs[k].data());
-        longest = std::max(longest, xs[k].size());
-        ++b.count;
-      }
-      if (b.count == 0) continue;
-      const unsigned blocks = unsigned(std::min<std::size_t>(cuda::detail::full_grid(threads), (longest + threads - 1) / threads));
+    over_span_batches(xs, [&](const cuda::detail::span_batch<T>& b, unsigned blocks) {
       cuda::detail::sum_squares_kernel<T, threads><<<blocks, threads, 0, cuda::current_stream()>>>(b, acc);
-      TESSERA_CUDA(cudaGetLastError());
-    }
+    });
   }
 
   //! f(i) for i in [0, n), each returning a magnitude; acc[0] (device
@@ -335,16 +338,24 @@ struct backend_ops<backend::cuda> {
   //! acc[0] = max(acc[0], largest |x[i]|), +inf where some element is not
   //! finite (device memory; see the host backend).
   template <class T> static void max_abs_into(std::span<const T> x, double* acc) {
-    for_each_max(x.size(), tessera::detail::magnitude_at<T>{x.data()}, acc);
+    max_abs_into(std::span<const std::span<const T>>(&x, 1), acc);
+  }
+  //! The same over several spans, span_batch_size of them per launch.
+  template <class T> static void max_abs_into(std::span<const std::span<const T>> xs, double* acc) {
+    over_span_batches(xs, [&](const cuda::detail::span_batch<T>& b, unsigned blocks) {
+      cuda::detail::max_abs_kernel<T, threads><<<blocks, threads, 0, cuda::current_stream()>>>(b, acc);
+    });
   }
   //! The squares of x on the fixed-point grid of *max, added to three uint64 limbs (see the host backend).
   template <class T> static void sum_squares_fixed_into(std::span<const T> x, const double* max, std::uint64_t* acc) {
-    if (x.empty()) return;
-    const unsigned blocks =
-        unsigned(std::min<std::size_t>(cuda::detail::full_grid(threads), (x.size() + threads - 1) / threads));
-    cuda::detail::sum_squares_fixed_kernel<T, threads>
-        <<<blocks, threads, 0, cuda::current_stream()>>>(x.data(), x.size(), max, acc);
-    TESSERA_CUDA(cudaGetLastError());
+    sum_squares_fixed_into(std::span<const std::span<const T>>(&x, 1), max, acc);
+  }
+  //! The same over several spans, span_batch_size of them per launch.
+  template <class T>
+  static void sum_squares_fixed_into(std::span<const std::span<const T>> xs, const double* max, std::uint64_t* acc) {
+    over_span_batches(xs, [&](const cuda::detail::span_batch<T>& b, unsigned blocks) {
+      cuda::detail::sum_squares_fixed_kernel<T, threads><<<blocks, threads, 0, cuda::current_stream()>>>(b, max, acc);
+    });
   }
 
   //! Work that must follow an asynchronous operation, off the compute stream:
@@ -363,10 +374,7 @@ struct backend_ops<backend::cuda> {
     side.ready.record(compute);
     side.ready.wait_on(side.stream.get());
     {
-      struct restore {
-        cudaStream_t s;
-        ~restore() { cuda::set_current_stream(s); }
-      } guard{cuda::set_current_stream(side.stream.get())};
+      const cuda::scoped_stream on_side(side.stream.get());
       wait();
       then();
     }
@@ -385,6 +393,26 @@ struct backend_ops<backend::cuda> {
   }
 
 private:
+  // Calls launch(batch, blocks) for each span_batch_size of the non-empty
+  // spans of xs, with the grid that fills the device for the longest of the
+  // batch (it serves every span), and checks the launch.
+  template <class T, class Launch> static void over_span_batches(std::span<const std::span<const T>> xs, Launch launch) {
+    for (std::size_t k = 0; k < xs.size();) {
+      cuda::detail::span_batch<T> b{};
+      std::size_t longest = 0;
+      for (; k < xs.size() && b.count < cuda::detail::span_batch_size; ++k) {
+        if (xs[k].empty()) continue;
+        b.p[b.count] = xs[k].data();
+        b.n[b.count] = xs[k].size();
+        b.aligned[b.count] = aligned_for<16 / sizeof(T)>(xs[k].data());
+        longest = std::max(longest, xs[k].size());
+        ++b.count;
+      }
+      if (b.count == 0) continue;
+      launch(b, unsigned(std::min<std::size_t>(cuda::detail::full_grid(threads), (longest + threads - 1) / threads)));
+      TESSERA_CUDA(cudaGetLastError());
+    }
+  }
   // after()'s side stream and events, one set per host thread (streams are per thread's work).
   struct side_stream {
     cuda::stream stream;

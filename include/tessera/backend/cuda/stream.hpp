@@ -24,6 +24,20 @@ inline cudaStream_t& current_stream_slot() noexcept {
 //! Sets it (the caller keeps the stream alive). Returns the previous one.
 inline cudaStream_t set_current_stream(cudaStream_t s) noexcept { return std::exchange(detail::current_stream_slot(), s); }
 
+//! Makes `s` the current stream until the end of the scope, then restores the
+//! one before, on an exception too: work after a failed step or test case
+//! must not be issued on a stream that may be gone.
+class scoped_stream {
+public:
+  explicit scoped_stream(cudaStream_t s) noexcept : was_(set_current_stream(s)) {}
+  ~scoped_stream() { set_current_stream(was_); }
+  scoped_stream(const scoped_stream&) = delete;
+  scoped_stream& operator=(const scoped_stream&) = delete;
+
+private:
+  cudaStream_t was_;
+};
+
 //! An owned non-blocking stream.
 class stream {
 public:

@@ -92,6 +92,10 @@ struct backend_ops<backend::host> {
   template <class T> static void max_abs_into(std::span<const T> x, double* acc) {
     for_each_max(x.size(), detail::magnitude_at<T>{x.data()}, acc);
   }
+  //! The same over several spans.
+  template <class T> static void max_abs_into(std::span<const std::span<const T>> xs, double* acc) {
+    for (const auto& x : xs) max_abs_into(x, acc);
+  }
   //! Adds every finite x[i]^2 onto the fixed-point grid of the largest
   //! magnitude *max (from max_abs_into, agreed over the ranks) as three
   //! uint64 limbs (core/fixed_point.hpp): an integer sum, the same in any
@@ -101,6 +105,11 @@ struct backend_ops<backend::host> {
     if (!(m > 0) || !std::isfinite(m)) return;
     const int t = fixed::square_shift(m);
     for (const T& v : x) fixed::add_square(convert<double>(v), t, acc);
+  }
+  //! The same over several spans.
+  template <class T>
+  static void sum_squares_fixed_into(std::span<const std::span<const T>> xs, const double* max, std::uint64_t* acc) {
+    for (const auto& x : xs) sum_squares_fixed_into(x, max, acc);
   }
 
   //! Work that must follow an asynchronous operation: returns a callable that
