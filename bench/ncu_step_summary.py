@@ -30,7 +30,8 @@ OTHER = "embedding, one-hot, softmax + loss, fills, decisions"
 
 
 def kernels(path):
-    rows = list(csv.reader(open(path)))
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
     start = next(i for i, r in enumerate(rows) if "Kernel Name" in r)
     hdr = rows[start]
     name, value, metric = hdr.index("Kernel Name"), hdr.index("Metric Value"), hdr.index("Metric Name")
@@ -68,7 +69,8 @@ def main():
         # Not the step time: under ncu every kernel runs alone, so the benchmark's own timing
         # is inflated (several-fold at 34M). What it says that matters here is which form of
         # each fused product its first-step timing chose, since that decides the kernels above.
-        r = json.load(open(sys.argv[2]))["results"][0]
+        with open(sys.argv[2]) as f:
+            r = json.load(f)["results"][0]
         if r.get("fusion_choices"):
             print(f"\nfusion choices in this run: {r['fusion_choices']}")
 
