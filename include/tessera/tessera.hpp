@@ -8,6 +8,7 @@
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/hash.hpp"
+#include "tessera/core/random.hpp"
 #include "tessera/core/shape.hpp"
 #include "tessera/policy/policy.hpp"
 #include "tessera/backend/memory.hpp"

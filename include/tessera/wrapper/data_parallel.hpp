@@ -14,6 +14,7 @@
 
 #include "tessera/comm/communicator.hpp"
 #include "tessera/comm/mesh.hpp"
+#include "tessera/core/random.hpp"
 #include "tessera/policy/config.hpp"
 #include "tessera/shard/layout.hpp"
 #include "tessera/wrapper/detail/engine.hpp"
@@ -112,6 +113,17 @@ public:
   //! Sets a parameter from its full value in host memory: every rank passes
   //! the same values and keeps its own piece (no communication).
   void set_param(param_id p, std::span<const main_type> full) { e_.set_param(p, full); }
+  //! Sets a parameter from an initializer (init::normal, init::constant, ...
+  //! or any type with value(key, index) -> float): element i gets
+  //! init.value(key_of("<unit>.<tensor>"), i), each rank computing only the
+  //! elements it keeps. The values are the same at every world size, under
+  //! every strategy and wrapper, on every backend, and no rank builds the
+  //! full tensor. No communication.
+  template <initializer I>
+  void init_param(param_id p, const I& init) {
+    const std::uint64_t key = key_of(e_.layout(std::size_t(p.unit)).name() + "." + e_.registry().slot(p).spec.name);
+    e_.init_param(p, [&init, key](std::size_t i) { return init.value(key, i); });
+  }
   //! The full main-weight value of a parameter on every rank's host.
   //! Collective: every rank calls it (on one rank alone it waits for the others).
   [[nodiscard]] std::vector<main_type> get_param(param_id p) {

@@ -161,6 +161,17 @@ public:
     invalidate_gathered();
     store_.set_param(std::size_t(p.unit), std::size_t(p.index), full);
   }
+  //! Sets a parameter from value(i) of its element index, on each rank only
+  //! for the elements it keeps (unit_store::init_param).
+  template <class F>
+  void init_param(param_id p, const F& value) {
+    reg_.require_final("init_param()");
+    (void)reg_.slot(p);
+    settle(std::size_t(p.unit));
+    store_[std::size_t(p.unit)].weights_ready.wait();
+    invalidate_gathered();
+    store_.init_param(std::size_t(p.unit), std::size_t(p.index), value);
+  }
   //! The whole padded unit of main weights on every rank's host. Collective.
   [[nodiscard]] std::vector<M> gather_main(std::size_t u) {
     (void)layout(u);  // checks u

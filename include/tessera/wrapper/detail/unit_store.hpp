@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <span>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -164,6 +165,25 @@ public:
     for (std::size_t i = 0; i < c.count; ++i) host[i] = convert<C>(full[c.tensor_begin + i]);
     ops::copy_from_host(units_[u].weights.span().subspan(c.shard_begin, c.count), std::span<const C>(host));
   }
+  //! Sets tensor t of unit u from value(i), a pure function of the tensor's
+  //! element index: each rank computes only the elements it keeps (its main
+  //! piece, and its compute piece where that differs), so the full tensor is
+  //! never built and the values do not depend on the world size.
+  template <class F>
+  void init_param(std::size_t u, std::size_t t, const F& value) {
+    const auto& L = reg_->layout(u);
+    const auto& s = L.tensors().at(t);
+    if (const piece p = rules::range_piece(L, t, comm_.rank(), part_); !p.empty()) {
+      std::vector<M> host(p.count);
+      fill_parallel(host.size(), [&](std::size_t i) { host[i] = M(value(p.tensor_begin + i)); });
+      ops::copy_from_host(main_weights(u).subspan(p.shard_begin, p.count), std::span<const M>(host));
+    }
+    const piece c = strategy::shards_params ? L.piece_of(t, comm_.rank()) : piece{0, s.offset, s.numel};
+    if (c.empty()) return;
+    std::vector<C> host(c.count);
+    fill_parallel(host.size(), [&](std::size_t i) { host[i] = convert<C>(M(value(c.tensor_begin + i))); });
+    ops::copy_from_host(units_[u].weights.span().subspan(c.shard_begin, c.count), std::span<const C>(host));
+  }
   //! The whole padded unit of main weights on every rank's host, in shard
   //! order (rank 0's shard, rank 1's, ...; the compute layout under a flat
   //! layout or no_shard). Collective.
@@ -221,6 +241,23 @@ public:
   }
 
 private:
+  // f(i) for i in [0, n) on up to 16 threads: each element depends on its
+  // index alone, so threads change the time, not the values (a 1.5B-parameter
+  // tensor set on one core takes tens of seconds).
+  template <class F>
+  static void fill_parallel(std::size_t n, const F& f) {
+    const std::size_t threads =
+        std::min<std::size_t>({16, std::max(1u, std::thread::hardware_concurrency()), n >> 18});
+    if (threads <= 1) {
+      for (std::size_t i = 0; i < n; ++i) f(i);
+      return;
+    }
+    std::vector<std::jthread> pool;
+    for (std::size_t k = 0; k < threads; ++k)
+      pool.emplace_back([&f, lo = n * k / threads, hi = n * (k + 1) / threads] {
+        for (std::size_t i = lo; i < hi; ++i) f(i);
+      });
+  }
   // publish's collectives: the parts of a split shard across the replicas
   // (outer<optim>), and replicated weights from a sharded optimizer.
   static bool splits(const unit_layout& L) noexcept { return L.splits() > 1; }

@@ -1,0 +1,85 @@
+#pragma once
+//! \file Counter-based random values: each value is a pure function of
+//! (seed, stream key, element index), so any rank can draw exactly the
+//! elements it owns and every world size, strategy and wrapper sees the same
+//! numbers (no generator state to advance, split or broadcast). Usable on
+//! host and device. The initializers of the wrappers (`init_param`) are built
+//! on it.
+#include <cmath>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "tessera/core/config.hpp"
+#include "tessera/core/hash.hpp"
+
+namespace tessera {
+
+//! A 64-bit key for a name (FNV-1a, then mixed): parameters are keyed by
+//! their full name, which is the same at every world size.
+[[nodiscard]] constexpr std::uint64_t key_of(std::string_view name) noexcept {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (char c : name) h = (h ^ std::uint64_t(static_cast<unsigned char>(c))) * 0x100000001b3ull;
+  return splitmix64(h);
+}
+
+//! Two independent 64-bit words for element i of stream `key` under `seed`.
+struct counter_bits {
+  std::uint64_t a, b;
+};
+[[nodiscard]] TESSERA_HOST_DEVICE constexpr counter_bits counter_random(std::uint64_t seed, std::uint64_t key,
+                                                                        std::uint64_t i) noexcept {
+  const std::uint64_t s = splitmix64(seed ^ splitmix64(key));
+  const std::uint64_t a = splitmix64(s + 2 * i * 0x9e3779b97f4a7c15ull);
+  return {a, splitmix64(a ^ 0x632be59bd9b4e019ull)};
+}
+
+//! A uniform value in (0, 1] from the top 53 bits of a word.
+[[nodiscard]] TESSERA_HOST_DEVICE inline double unit_interval(std::uint64_t w) noexcept {
+  return (double(w >> 11) + 1.0) * 0x1p-53;
+}
+
+//! N(0, 1) for element i of stream `key` (Box-Muller on the two words, in
+//! double, so the value is the same on every compiler and device that rounds
+//! log, sqrt and cos to within an ulp of double; it is then rounded to float).
+[[nodiscard]] TESSERA_HOST_DEVICE inline double counter_normal(std::uint64_t seed, std::uint64_t key,
+                                                             std::uint64_t i) noexcept {
+  const counter_bits r = counter_random(seed, key, i);
+  const double u1 = unit_interval(r.a), u2 = double(r.b >> 11) * 0x1p-53;
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+}
+
+//! The initial values a wrapper's init_param draws: value(key, i) for element
+//! i of the parameter whose key is `key` (key_of its "unit.tensor" name).
+namespace init {
+//! N(mean, stdev), rounded to float.
+struct normal {
+  std::uint64_t seed = 0;
+  double stdev = 1.0, mean = 0.0;
+  [[nodiscard]] float value(std::uint64_t key, std::size_t i) const noexcept {
+    return float(mean + stdev * counter_normal(seed, key, i));
+  }
+};
+//! U[lo, hi), rounded to float.
+struct uniform {
+  std::uint64_t seed = 0;
+  double lo = 0.0, hi = 1.0;
+  [[nodiscard]] float value(std::uint64_t key, std::size_t i) const noexcept {
+    return float(lo + (hi - lo) * (double(counter_random(seed, key, i).a >> 11) * 0x1p-53));
+  }
+};
+//! Every element the same (zeros for biases, ones for norm scales).
+struct constant {
+  double v = 0.0;
+  [[nodiscard]] float value(std::uint64_t, std::size_t) const noexcept { return float(v); }
+};
+}  // namespace init
+
+//! What init_param accepts: anything with value(key, element index) -> float.
+template <class I>
+concept initializer = requires(const I& i, std::uint64_t key, std::size_t n) {
+  { i.value(key, n) } -> std::convertible_to<float>;
+};
+
+}  // namespace tessera
