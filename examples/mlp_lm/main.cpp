@@ -24,6 +24,7 @@ double default_gpu_bytes(const mlp_lm::options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  trainer_kit::program_name = "tessera-mlp-lm";
   mlp_lm::options o;
   if (const int rc = mlp_lm::parse(argc, argv, o); rc >= 0) return rc;
   // An error on any rank ends every rank with its message (comm::mpi_main),

@@ -24,79 +24,18 @@
 #include "mlp_lm/data.hpp"
 #include "mlp_lm/model.hpp"
 #include "options.hpp"
+#include "trainer_kit/run.hpp"
 #include "tessera/checkpoint/checkpoint.hpp"
 #include "tessera/checkpoint/consolidate.hpp"
 #include "tessera/tessera.hpp"
 
 namespace mlp_lm {
 
-//! Bytes the device holds beyond what was there at `baseline` (the CUDA
-//! context, NCCL, cuBLAS); for the host backend, the library's own count.
-struct device_usage {
-  virtual ~device_usage() = default;
-  [[nodiscard]] virtual std::size_t used() const = 0;
-};
-
-//! The library's estimate of what a rank holds: model state and optimizer
-//! state from the wrapper's plan, plus the trainer's activations and scratch.
-struct memory_estimate {
-  std::size_t model_state = 0, optimizer_state = 0, activations = 0, blas_workspace = 0;
-  std::size_t offloaded = 0;  // host memory: offloaded main weights, optimizer state and its staging
-  [[nodiscard]] std::size_t total() const { return model_state + optimizer_state + activations + blas_workspace; }
-};
-
-//! Bytes as MiB with two decimals.
-inline std::string mib(std::size_t b) {
-  char s[32];
-  std::snprintf(s, sizeof s, "%.2f", double(b) / (1 << 20));
-  return s;
-}
-
-//! The crash test hook (tests/checkpoint/check_checkpoints.py):
-//! TESSERA_CHECKPOINT_CRASH=<point>[:<n>] ends the process the n-th time
-//! (default the first) a save reaches <point>, as a kill would. The library
-//! only calls save_options::at_point; exiting is this program's choice.
-inline std::function<void(std::string_view)> crash_hook_from_env() {
-  const char* e = std::getenv("TESSERA_CHECKPOINT_CRASH");
-  if (!e) return {};
-  const std::string spec = e, point = spec.substr(0, spec.find(':'));
-  const int nth = spec.find(':') == std::string::npos ? 1 : std::atoi(spec.c_str() + spec.find(':') + 1);
-  return [point, nth, seen = std::make_shared<int>(0)](std::string_view where) {
-    if (where == point && ++*seen == nth) {
-      std::fprintf(stderr, "tessera-mlp-lm: TESSERA_CHECKPOINT_CRASH=%s: exiting in the middle of a save\n", point.c_str());
-      std::_Exit(86);
-    }
-  };
-}
-
 //! Every rank runs rank 0's command line: a differing option (given to one
 //! rank only, or an environment that expands differently) is one clear error
 //! on every rank, naming the first option that differs. Collective.
 inline void agree_on_options(tessera::comm::mpi& world, const options& o) {
-  const std::string mine = describe(o);
-  std::vector<std::uint8_t> text(8192, 0);
-  std::exception_ptr err;
-  try {
-    TESSERA_CHECK(mine.size() < text.size(), "the command line is too long to compare (", mine.size(), " bytes)");
-  } catch (...) {
-    err = std::current_exception();
-  }
-  tessera::comm::agree_or_throw(world, err, "the command-line check");
-  std::memcpy(text.data(), mine.data(), mine.size());
-  tessera::comm::broadcast_host(world, std::span<std::uint8_t>(text), 0);
-  const std::string root(reinterpret_cast<const char*>(text.data()));
-  try {
-    if (root != mine) {
-      std::istringstream a(mine), b(root);
-      for (std::string x, y; std::getline(a, x) && std::getline(b, y);)
-        if (x != y)
-          throw tessera::error("rank " + std::to_string(world.rank()) + " was started with --" + x + ", rank 0 with --" + y +
-                               "; every rank must get the same options");
-    }
-  } catch (...) {
-    err = std::current_exception();
-  }
-  tessera::comm::agree_or_throw(world, err, "the command-line check");
+  trainer_kit::agree_on_text(world, describe(o));
   if (o.deterministic) {
     TESSERA_CHECK(o.accum % world.size() == 0, "--deterministic: ", o.accum, " micro-batches of ", o.micro_tokens,
                   " tokens do not split evenly over ", world.size(), " ranks; choose a world size that divides ", o.accum,
@@ -108,65 +47,13 @@ inline void agree_on_options(tessera::comm::mpi& world, const options& o) {
                 " tokens per micro-batch over ", world.size(), " ranks; each rank needs at least one");
 }
 
-//! The fault-injection hook of the never-hang tests (tests/fault):
-//! TESSERA_TEST_FAULT=<kind>:<rank>:<step> makes that rank, at the start of
-//! that step, stop (SIGSTOP), die (SIGKILL), throw a tessera::error, or spin
-//! outside the library (busy) forever.
-inline void fault_hook(int rank, long step) {
-  static const char* spec = std::getenv("TESSERA_TEST_FAULT");
-  if (!spec) return;
-  char kind[16] = {};
-  int r = -1;
-  long s = -1;
-  if (std::sscanf(spec, "%15[a-z]:%d:%ld", kind, &r, &s) != 3 || r != rank || s != step) return;
-  const std::string k = kind;
-  std::fprintf(stderr, "tessera-mlp-lm: TESSERA_TEST_FAULT=%s: rank %d at step %ld\n", spec, rank, step);
-  std::fflush(stderr);
-  if (k == "stop") std::raise(SIGSTOP);
-  else if (k == "kill") std::raise(SIGKILL);
-  else if (k == "error") throw tessera::error("TESSERA_TEST_FAULT: an error on rank " + std::to_string(rank) + " only");
-  else if (k == "busy") for (volatile bool forever = true; forever;) {}
-}
-
-//! The final weights, gathered, as one safetensors file written by rank 0
-//! (collective); `metadata` goes into its header (the step and the model's flags).
-template <class Wrapper>
-void dump_weights(Wrapper& model, const std::string& path, const std::map<std::string, std::string>& metadata) {
-  using M = typename Wrapper::main_type;
-  std::vector<tessera::checkpoint::tensor_out> outs;
-  std::vector<std::vector<M>> values;
-  for (std::size_t u = 0; u < model.num_units(); ++u) {
-    const auto& L = model.shards().layout(u);
-    for (std::size_t t = 0; t < L.tensors().size(); ++t) {
-      values.push_back(model.get_param({int(u), int(t)}));
-      outs.push_back({L.name() + "." + L.tensors()[t].spec.name, std::string(tessera::checkpoint::dtype_name<M>()),
-                      L.tensors()[t].spec.shape.extents()});
-    }
-  }
-  if (model.rank() == 0 && model.replica_rank() == 0)  // one writer on a mesh too
-    tessera::checkpoint::write_safetensors(path, outs, [&](std::size_t i, std::vector<unsigned char>& dst) {
-      std::memcpy(dst.data(), values[i].data(), dst.size());
-    }, metadata);
-}
-
-// The trainer's steps without a step graph (the host backend, or graphs off).
-template <class Opt>
-struct eager_runner {
-  Opt& opt;
-  template <class FB> auto step(FB&& fb) {
-    fb();
-    return opt.step();
-  }
-  void finish() {}
-  [[nodiscard]] bool captured() const noexcept { return false; }
-  [[nodiscard]] std::size_t nodes() const noexcept { return 0; }
-};
-// A step graph where the net offers one (cuda_mlp names tessera::step_graph), else eager steps.
-template <class Net, class Opt>
-auto make_step_runner(Opt& opt, bool graphs) {
-  if constexpr (requires { typename Net::template graph_runner<Opt>; }) return typename Net::template graph_runner<Opt>(opt, graphs);
-  else return eager_runner<Opt>{opt};
-}
+using trainer_kit::crash_hook_from_env;
+using trainer_kit::device_usage;
+using trainer_kit::dump_weights;
+using trainer_kit::fault_hook;
+using trainer_kit::make_step_runner;
+using trainer_kit::memory_estimate;
+using trainer_kit::mib;
 
 //! Trains over `comm`, or over the mesh m when given (comm unused then).
 template <class Cfg, class Net, class Comm>

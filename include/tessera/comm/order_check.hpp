@@ -72,7 +72,10 @@ template <class Max2, class Gather>
     msg += first ? "" : "; ";
     first = false;
     msg += ranks.size() == 1 ? "rank " : "ranks ";
-    for (std::size_t i = 0; i < ranks.size(); ++i) msg += (i ? "," : "") + std::to_string(ranks[i]);
+    for (std::size_t i = 0; i < ranks.size(); ++i) {
+      if (i) msg += ',';  // (appending "," + to_string trips g++ 12's -Wrestrict, a false positive)
+      msg += std::to_string(ranks[i]);
+    }
     msg += " issued " + call;
   }
   return msg + ". Every rank must issue the same collectives in the same order (the same units reduced and "

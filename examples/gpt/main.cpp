@@ -1,0 +1,30 @@
+// tessera-gpt: GPT-2 trained with any Tessera strategy and wrapper chosen at
+// run time among the compiled instantiations. Run under mpirun for several
+// ranks. The host backend only for now (docs: the CUDA GPT net is an open issue).
+#include <cstdio>
+#include <optional>
+
+#include "options.hpp"
+#include "trainer.hpp"
+
+int main(int argc, char** argv) {
+  trainer_kit::program_name = "tessera-gpt";
+  gpt::options o;
+  if (const int rc = gpt::parse(argc, argv, o); rc >= 0) return rc;
+  // The data first, on every rank alike: a bad file (magic, version, length,
+  // a token past the vocabulary) is one line and exit 2 before MPI starts.
+  std::optional<gpt::datasets> sets;
+  try {
+    sets.emplace(gpt::corpus(o.data, o.text, o.shape.vocab, o.shape.seq), std::nullopt);
+    if (!o.val_data.empty()) sets->val.emplace(o.val_data, o.text, o.shape.vocab, o.shape.seq);
+  } catch (const tessera::error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  }
+  // An error on any rank ends every rank with its message (comm::mpi_main).
+  return tessera::comm::mpi_main(argc, argv, [&] {
+    tessera::comm::mpi world(tessera::comm::mpi_options{.timeout_s = o.timeout, .order_check = o.order_check != "off"});
+    trainer_kit::agree_on_text(world, gpt::describe(o));
+    return gpt::dispatch<tessera::backend::host, gpt::host_gpt>(o, world, *sets);
+  });
+}

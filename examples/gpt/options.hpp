@@ -1,0 +1,167 @@
+#pragma once
+// Command line of tessera-gpt. Flags mean what they mean in tessera-mlp-lm
+// where both have them; the flag names are an interface (scripts, tests and
+// docs/trainers.md rely on them).
+#include <CLI/CLI.hpp>
+
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <type_traits>
+
+#include "gpt/model.hpp"
+#include "tessera/policy/config.hpp"
+
+namespace gpt {
+
+struct options {
+  std::string backend = "host", wrapper = "fsdp", strategy = "optim_grads_params", precision = "fp32";
+  std::string model;  // a preset name, or "" for --layers/--heads/--d/--seq/--vocab
+  model_shape shape{};
+  int batch = 4, steps = 50, accum = 1, log_every = 10, warmup = 0, val_every = 0, val_batches = 4, sample = 0;
+  double lr = 6e-4, min_lr = 0, clip = 1.0, weight_decay = 0.1;
+  double timeout = -1;  // seconds; < 0: the library's default
+  std::string order_check = "auto";
+  std::uint64_t seed = 1;
+  std::string data, val_data, save, load, dump_weights;
+  int save_every = 0, keep = 0;
+  bool json = false, recompute = false, text = false;
+};
+
+//! Parses argv into o. Returns -1 to continue, else the exit code (0 after --help).
+//! Errors print one line starting with "tessera:" to stderr and return 2.
+inline int parse(int argc, char** argv, options& o) {
+  CLI::App app{"tessera-gpt: GPT-2 trained with Tessera's sharded data parallelism"};
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.add_option("--backend", o.backend, "host (this build's backend; the CUDA GPT net is not written yet)")
+      ->check(CLI::IsMember({"host", "cuda"}));
+  app.add_option("--wrapper", o.wrapper, "ddp, fsdp (flat shards) or fsdp2 (per-parameter row shards; optim_grads_params)")
+      ->check(CLI::IsMember({"ddp", "fsdp", "fsdp2"}));
+  app.add_option("--strategy", o.strategy, "no_shard, optim, optim_grads or optim_grads_params")
+      ->check(CLI::IsMember({"no_shard", "optim", "optim_grads", "optim_grads_params"}));
+  app.add_option("--precision", o.precision, "fp32, or bf16 (bf16 compute weights, fp32 main weights and grads)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_option("--model", o.model, "gpt2 (124M), gpt2-medium (350M), gpt2-large (774M) or gpt2-xl (1.5B); "
+                                     "vocabulary 50257, context 1024 unless --vocab / --seq say otherwise")
+      ->check(CLI::IsMember({"gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"}));
+  app.add_option("--layers", o.shape.layers, "transformer blocks")->check(CLI::Range(1, 1 << 10));
+  app.add_option("--heads", o.shape.heads, "attention heads (divide --d)")->check(CLI::Range(1, 1 << 10));
+  app.add_option("--d", o.shape.d, "model width")->check(CLI::Range(1, 1 << 16));
+  app.add_option("--seq", o.shape.seq, "tokens per sequence (at most the position table's rows)")->check(CLI::Range(1, 1 << 16));
+  app.add_option("--max-seq", o.shape.max_seq, "rows of the position table (default --seq)")->check(CLI::Range(0, 1 << 16));
+  app.add_option("--vocab", o.shape.vocab, "vocabulary size (padded to a multiple of 128 in the token table)")
+      ->check(CLI::Range(2, 65536));
+  app.add_option("--batch", o.batch, "sequences per micro-batch per rank")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--accum", o.accum, "micro-batches per step")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--steps", o.steps, "optimizer steps (the total, counting steps a --load resumes past)")
+      ->check(CLI::Range(0, 1 << 30));
+  app.add_option("--lr", o.lr, "AdamW peak learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--min-lr", o.min_lr, "cosine schedule's final learning rate (after --warmup steps of linear warm-up)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--warmup", o.warmup, "linear learning-rate warm-up steps")->check(CLI::NonNegativeNumber);
+  app.add_option("--clip", o.clip, "global gradient-norm clip, 0 for none")->check(CLI::NonNegativeNumber);
+  app.add_option("--weight-decay", o.weight_decay, "AdamW decoupled weight decay (2-D weights only)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--seed", o.seed, "seed of initialisation and batch sampling");
+  app.add_option("--data", o.data,
+                 "llm.c / nanoGPT token shards: a file or a glob (default: the text of Debian's fortunes package, as bytes)");
+  app.add_flag("--text", o.text, "--data and --val-data are plain text files, tokenised as bytes (--vocab 256)");
+  app.add_option("--val-data", o.val_data, "validation shards (a file or a glob; text with --text)");
+  app.add_option("--val-every", o.val_every, "evaluate on --val-data every N steps (and after the last)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--val-batches", o.val_batches, "global batches of the fixed validation set")->check(CLI::Range(1, 1 << 20));
+  app.add_flag("--recompute", o.recompute, "keep each block's input only; recompute the block in backward (less memory)");
+  app.add_option("--log-every", o.log_every, "log every N steps")->check(CLI::Range(1, 1 << 30));
+  app.add_option("--save", o.save, "write a checkpoint under this directory at the end (and every --save-every steps)");
+  app.add_option("--save-every", o.save_every, "also checkpoint every N steps")->check(CLI::NonNegativeNumber);
+  app.add_option("--keep", o.keep, "keep only the newest K checkpoints under --save (0: all)")->check(CLI::NonNegativeNumber);
+  app.add_option("--load", o.load, "resume from this checkpoint, or the newest complete one under this directory");
+  app.add_option("--dump-weights", o.dump_weights, "write the final weights as one safetensors file (rank 0)");
+  app.add_option("--sample", o.sample, "after training, generate N tokens from the data's first tokens and print them")
+      ->check(CLI::Range(0, 1 << 16));
+  app.add_flag("--json", o.json, "one JSON object per logged step on rank 0, and a summary line");
+  app.add_option("--timeout", o.timeout,
+                 "seconds a rank may wait in one collective before the job ends with the collective named (0: never; "
+                 "default 600 or TESSERA_TIMEOUT_S)")
+      ->check(CLI::Range(0.0, 1e7));
+  app.add_option("--order-check", o.order_check, "check before each collective that every rank issues the same one")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::string msg = e.what();
+    for (auto& ch : msg)
+      if (ch == '\n') ch = ' ';
+    std::fprintf(stderr, "tessera: %s (see --help)\n", msg.c_str());
+    return 2;
+  }
+  auto bad = [](const std::string& m) {
+    std::fprintf(stderr, "tessera: %s\n", m.c_str());
+    return 2;
+  };
+  if (!o.model.empty()) {
+    model_shape p;
+    preset(o.model, p);
+    for (const char* f : {"--layers", "--heads", "--d"})
+      if (app.count(f)) return bad(std::string("--model ") + o.model + " sets " + f + "; drop one of them");
+    o.shape.layers = p.layers, o.shape.heads = p.heads, o.shape.d = p.d;
+    if (!app.count("--vocab")) o.shape.vocab = p.vocab;
+    if (!app.count("--seq")) o.shape.seq = p.seq;
+  }
+  if (!o.model.empty() && !app.count("--max-seq")) o.shape.max_seq = 1024;
+  if (o.backend == "cuda") return bad("--backend cuda: the CUDA GPT net is not written yet (use --backend host)");
+  if (!std::isfinite(o.lr) || o.lr > 10) return bad("--lr " + std::to_string(o.lr) + " is not a learning rate (0 < lr <= 10)");
+  if (!std::isfinite(o.min_lr) || o.min_lr > o.lr) return bad("--min-lr must be finite and at most --lr");
+  if (!std::isfinite(o.clip) || !std::isfinite(o.weight_decay) || o.weight_decay > 10)
+    return bad("--clip and --weight-decay must be finite (and --weight-decay at most 10)");
+  if (o.shape.d % o.shape.heads != 0)
+    return bad("--heads " + std::to_string(o.shape.heads) + " does not divide --d " + std::to_string(o.shape.d));
+  if (o.shape.seq > o.shape.positions())
+    return bad("--seq " + std::to_string(o.shape.seq) + " is longer than the position table's " +
+               std::to_string(o.shape.positions()) + " rows (--max-seq)");
+  if ((o.text || o.data.empty()) && o.shape.vocab < 256)
+    return bad("byte-level text needs --vocab 256 or more (it is " + std::to_string(o.shape.vocab) + ")");
+  if (o.steps == 0 && o.save.empty() && o.dump_weights.empty())
+    return bad("--steps 0 trains nothing; give --save DIR (the initial checkpoint) or --dump-weights FILE");
+  if (app.count("--load") && o.load.empty()) return bad("--load needs a path");
+  if (app.count("--save") && o.save.empty()) return bad("--save needs a path");
+  if (o.save_every > 0 && o.save.empty()) return bad("--save-every needs --save DIR");
+  if (o.val_every > 0 && o.val_data.empty()) return bad("--val-every needs --val-data");
+  if (!tessera::wrapper_supports(o.wrapper, o.strategy))
+    return bad(o.wrapper == "ddp" ? "--wrapper ddp cannot shard parameters; use --wrapper fsdp or fsdp2 for optim_grads_params"
+                                   : "--wrapper fsdp2 runs optim_grads_params only; use --wrapper fsdp or ddp for " + o.strategy);
+  return -1;
+}
+
+//! Every option as "name=value" lines, for the agreement across ranks.
+inline std::string describe(const options& o) {
+  std::string s;
+  auto put = [&](const char* k, const auto& v) {
+    s += k;
+    s += '=';
+    if constexpr (std::is_convertible_v<decltype(v), std::string>) s += v;
+    else if constexpr (std::is_floating_point_v<std::remove_cvref_t<decltype(v)>>) {
+      char b[32];
+      s.append(b, std::to_chars(b, b + sizeof b, v).ptr);
+    } else {
+      s += std::to_string(v);
+    }
+    s += '\n';
+  };
+  put("backend", o.backend), put("wrapper", o.wrapper), put("strategy", o.strategy), put("precision", o.precision);
+  put("model", o.model), put("layers", o.shape.layers), put("heads", o.shape.heads), put("d", o.shape.d);
+  put("seq", o.shape.seq), put("max-seq", o.shape.max_seq), put("vocab", o.shape.vocab), put("batch", o.batch);
+  put("accum", o.accum), put("steps", o.steps), put("lr", o.lr), put("min-lr", o.min_lr), put("warmup", o.warmup);
+  put("clip", o.clip), put("weight-decay", o.weight_decay), put("seed", o.seed), put("data", o.data);
+  put("text", o.text), put("val-data", o.val_data), put("val-every", o.val_every), put("val-batches", o.val_batches);
+  put("recompute", o.recompute), put("log-every", o.log_every), put("save", o.save), put("save-every", o.save_every);
+  put("keep", o.keep), put("load", o.load), put("dump-weights", o.dump_weights), put("sample", o.sample);
+  put("json", o.json), put("timeout", o.timeout), put("order-check", o.order_check);
+  return s;
+}
+
+}  // namespace gpt

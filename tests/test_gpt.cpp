@@ -1,0 +1,181 @@
+// GPT-2's host net (examples/gpt): every parameter's gradient against central
+// finite differences of the loss (the tied token table through both of its
+// uses, attention, both LayerNorms, GELU, the positions), with and without
+// per-block recompute; the data reader's errors; the initial weights'
+// statistics.
+#define BOOST_TEST_MODULE tessera_gpt
+#include "common/mpi_test_main.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "gpt/data.hpp"
+#include "gpt/host_compute.hpp"
+#include "gpt/model.hpp"
+#include "tessera/tessera.hpp"
+
+using namespace tessera;
+using Cfg = config<no_shard, ddp, full_precision<float>, sum, backend::host>;
+using W = data_parallel_t<Cfg>;
+
+namespace {
+std::vector<std::uint16_t> random_tokens(std::size_t n, int vocab, std::uint64_t seed) {
+  std::vector<std::uint16_t> t(n);
+  for (std::size_t i = 0; i < n; ++i) t[i] = std::uint16_t(splitmix64(seed + i) % std::uint64_t(vocab));
+  t[3] = t[5] = t[9];  // repeated tokens: the table's gradient rows add up
+  return t;
+}
+
+void check_gradients(bool recompute) {
+  comm::local<backend::host> solo;
+  W m(solo);
+  gpt::model_shape s{.layers = 2, .heads = 2, .d = 16, .seq = 7, .vocab = 50};  // seq not a power of two; vocab padded to 128
+  const auto ids = gpt::register_model(m, s);
+  m.finalize();
+  gpt::init_model(m, ids, s, 5);
+  // Larger weights than GPT-2's 0.02, so every path carries a gradient well above the differences' noise.
+  for (std::size_t u = 0; u < m.num_units(); ++u)
+    for (std::size_t t = 0; t < m.layout(unit_id{int(u)}).tensors().size(); ++t) {
+      const param_id p{int(u), int(t)};
+      const bool is_ln = m.slot(p).spec.name.starts_with("ln");
+      m.init_param(p, init::normal{.seed = 11, .stdev = 0.3, .mean = is_ln ? 1.0 : 0.0});
+    }
+  // keep the padded rows of the table at zero (they never receive probability)
+  {
+    auto v = m.get_param(ids.wte);
+    std::fill(v.begin() + std::ptrdiff_t(s.vocab) * s.d, v.end(), 0.0f);
+    m.set_param(ids.wte, v);
+  }
+  const int batch = 2;
+  const auto seqs = random_tokens(std::size_t(batch) * std::size_t(s.seq + 1), s.vocab, 99);
+  gpt::host_gpt<W> net(m, ids, s, batch, gpt::net_options{.recompute = recompute});
+  m.begin_micro_batch(0, 1);
+  net.forward_backward(seqs.data(), batch, 1.0);  // the summed loss's gradient
+  net.finish_loss();
+  m.finish_grad_sync();
+  // Every reduced gradient (one rank, no_shard: the whole tensor), through the shard view an optimizer reads.
+  std::vector<std::vector<float>> grads;
+  for (std::size_t u = 0; u < m.num_units(); ++u)
+    for (std::size_t t = 0; t < m.layout(unit_id{int(u)}).tensors().size(); ++t) {
+      const auto g = m.shards().local_grads(param_id{int(u), int(t)});
+      grads.emplace_back(g.begin(), g.end());
+    }
+  const double loss0 = net.take_loss();
+  const double loss_eval = gpt::host_gpt<W>(m, ids, s, batch).forward_loss(seqs.data(), batch);
+  BOOST_TEST(std::abs(loss0 - loss_eval) <= 1e-6 * loss0);
+  int checked = 0;
+  std::size_t k = 0;
+  for (std::size_t u = 0; u < m.num_units(); ++u)
+    for (std::size_t t = 0; t < m.layout(unit_id{int(u)}).tensors().size(); ++t) {
+      const param_id p{int(u), int(t)};
+      const std::vector<float>& g = grads[k++];
+      const std::string name = m.layout(unit_id{int(u)}).name() + "." + m.slot(p).spec.name;
+      float gmax = 0;
+      std::size_t imax = 0;
+      for (std::size_t i = 0; i < g.size(); ++i)
+        if (std::abs(g[i]) > gmax) gmax = std::abs(g[i]), imax = i;
+      BOOST_TEST_CONTEXT(name << (recompute ? " (recompute)" : "")) {
+        BOOST_TEST(gmax > 0.0f);  // every parameter is reached
+        std::vector<std::size_t> at = {imax, std::size_t(splitmix64(t + 17 * u) % g.size()), g.size() / 2};
+        if (p == ids.wte) at.push_back(std::size_t(seqs[3]) * std::size_t(s.d) + 1);  // an input row, used twice
+        const auto base = m.get_param(p);
+        for (std::size_t i : at) {
+          const float eps = 1e-2f;
+          auto v = base;
+          v[i] = base[i] + eps;
+          m.set_param(p, v);
+          const double up = net.forward_loss(seqs.data(), batch);
+          v[i] = base[i] - eps;
+          m.set_param(p, v);
+          const double down = net.forward_loss(seqs.data(), batch);
+          const double fd = (up - down) / (2.0 * eps);
+          BOOST_TEST_CONTEXT("element " << i << ": gradient " << g[i] << ", differences " << fd) {
+            BOOST_TEST(std::abs(g[i] - fd) <= 0.02 * gmax + 2e-3);
+          }
+          ++checked;
+        }
+        m.set_param(p, base);
+      }
+    }
+  BOOST_TEST(checked >= 3 * 28);
+  // The padded rows of the table receive nothing.
+  const auto& gt = grads[std::size_t(ids.wte.index)];
+  for (std::size_t i = std::size_t(s.vocab) * std::size_t(s.d); i < gt.size(); ++i) BOOST_TEST_REQUIRE(gt[i] == 0.0f);
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(gradients_match_finite_differences) { check_gradients(false); }
+BOOST_AUTO_TEST_CASE(gradients_match_finite_differences_with_recompute) { check_gradients(true); }
+
+// GPT-2's initialisation: N(0, 0.02) tables and matrices, residual projections
+// scaled by 1/sqrt(2 layers), zero biases, unit LayerNorm scales, zero padded rows.
+BOOST_AUTO_TEST_CASE(initial_weights_follow_gpt2) {
+  comm::local<backend::host> solo;
+  W m(solo);
+  gpt::model_shape s{.layers = 8, .heads = 4, .d = 64, .seq = 16, .vocab = 300};
+  const auto ids = gpt::register_model(m, s);
+  m.finalize();
+  gpt::init_model(m, ids, s, 1);
+  auto sd = [](const std::vector<float>& v, std::size_t n) {
+    double s2 = 0;
+    for (std::size_t i = 0; i < n; ++i) s2 += double(v[i]) * v[i];
+    return std::sqrt(s2 / double(n));
+  };
+  const auto wte = m.get_param(ids.wte);
+  BOOST_TEST(std::abs(sd(wte, 300 * 64) - 0.02) < 0.001);
+  for (std::size_t i = 300 * 64; i < wte.size(); ++i) BOOST_TEST_REQUIRE(wte[i] == 0.0f);
+  const auto proj = m.get_param(ids.blocks[3].fc_proj_w);
+  BOOST_TEST(std::abs(sd(proj, proj.size()) - 0.02 / 4.0) < 0.0005);
+  for (float v : m.get_param(ids.blocks[2].qkv_b)) BOOST_TEST_REQUIRE(v == 0.0f);
+  for (float v : m.get_param(ids.blocks[2].ln2_w)) BOOST_TEST_REQUIRE(v == 1.0f);
+  BOOST_TEST(s.padded_vocab() == 384);
+}
+
+// Token shards: a round trip, and each kind of damage is one tessera: error naming the file.
+BOOST_AUTO_TEST_CASE(token_shards_and_their_errors) {
+  const auto dir = std::filesystem::temp_directory_path() / ("tessera-gpt-test-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string good = (dir / "a.bin").string();
+  std::vector<std::uint16_t> toks(100);
+  for (std::size_t i = 0; i < toks.size(); ++i) toks[i] = std::uint16_t(i % 50);
+  gpt::write_shard(good, toks);
+  BOOST_TEST(gpt::read_shard(good).tokens == toks);
+  const gpt::corpus c(good, false, 50, 9);
+  std::vector<std::uint16_t> a(10), b(10);
+  c.sequence(1, 3, 7, a.data());
+  c.sequence(1, 3, 7, b.data());
+  BOOST_TEST(a == b);  // a function of (seed, step, index)
+  auto expect = [](auto f, const std::string& part) {
+    try {
+      f();
+      BOOST_ERROR("no error; expected one containing '" << part << "'");
+    } catch (const tessera::error& e) {
+      BOOST_TEST_CONTEXT(e.what()) { BOOST_TEST(std::string(e.what()).find(part) != std::string::npos); }
+    }
+  };
+  auto damaged = [&](const char* name, auto edit) {
+    std::string bytes;
+    {
+      std::ifstream f(good, std::ios::binary);
+      bytes.assign(std::istreambuf_iterator<char>(f), {});
+    }
+    edit(bytes);
+    const std::string path = (dir / name).string();
+    std::ofstream(path, std::ios::binary) << bytes;
+    return path;
+  };
+  const auto magic = damaged("magic.bin", [](std::string& s) { s[0] = 1; });
+  expect([&] { (void)gpt::read_shard(magic); }, "is not a token shard: magic");
+  const auto version = damaged("version.bin", [](std::string& s) { s[4] = 2; });
+  expect([&] { (void)gpt::read_shard(version); }, "token shard version 2");
+  const auto shortf = damaged("short.bin", [](std::string& s) { s.resize(s.size() - 10); });
+  expect([&] { (void)gpt::read_shard(shortf); }, "shorter than its header says: 100 tokens promised, 95 present");
+  expect([&] { (void)gpt::corpus(good, false, 40, 9); }, "is not below the vocabulary size 40");
+  expect([&] { (void)gpt::corpus(good, false, 50, 100); }, "no file holds 101 tokens");
+  expect([&] { (void)gpt::corpus((dir / "nothing*.bin").string(), false, 50, 9); }, "no file matches it");
+  std::filesystem::remove_all(dir);
+}
