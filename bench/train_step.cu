@@ -14,7 +14,7 @@
 // library's estimate. Run under mpirun for several ranks (NCCL when each
 // rank has its own GPU, else MPI staged through host memory).
 #include <cuda_runtime.h>
-#include <mpi.h>
+#include "tessera/comm/mpi_session.hpp"  // <mpi.h> without the C++ bindings (their casts warn)
 #include <nvtx3/nvToolsExt.h>
 
 #include <CLI/CLI.hpp>

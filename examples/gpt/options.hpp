@@ -4,6 +4,8 @@
 // docs/trainers.md rely on them).
 #include <CLI/CLI.hpp>
 
+#include "trainer_kit/cli.hpp"
+
 #include <charconv>
 #include <cmath>
 #include <cstdint>
@@ -37,12 +39,7 @@ inline int parse(int argc, char** argv, options& o) {
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_option("--backend", o.backend, "host (this build's backend; the CUDA GPT net is not written yet)")
       ->check(CLI::IsMember({"host", "cuda"}));
-  app.add_option("--wrapper", o.wrapper, "ddp, fsdp (flat shards) or fsdp2 (per-parameter row shards; optim_grads_params)")
-      ->check(CLI::IsMember({"ddp", "fsdp", "fsdp2"}));
-  app.add_option("--strategy", o.strategy, "no_shard, optim, optim_grads or optim_grads_params")
-      ->check(CLI::IsMember({"no_shard", "optim", "optim_grads", "optim_grads_params"}));
-  app.add_option("--precision", o.precision, "fp32, or bf16 (bf16 compute weights, fp32 main weights and grads)")
-      ->check(CLI::IsMember({"fp32", "bf16"}));
+  trainer_kit::add_parallel_options(app, o.wrapper, o.strategy, o.precision);
   app.add_option("--model", o.model, "gpt2 (124M), gpt2-medium (350M), gpt2-large (774M) or gpt2-xl (1.5B); "
                                      "vocabulary 50257, context 1024 unless --vocab / --seq say otherwise")
       ->check(CLI::IsMember({"gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"}));
@@ -88,21 +85,8 @@ inline int parse(int argc, char** argv, options& o) {
       ->check(CLI::Range(0.0, 1e7));
   app.add_option("--order-check", o.order_check, "check before each collective that every rank issues the same one")
       ->check(CLI::IsMember({"auto", "on", "off"}));
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::string msg = e.what();
-    for (auto& ch : msg)
-      if (ch == '\n') ch = ' ';
-    std::fprintf(stderr, "tessera: %s (see --help)\n", msg.c_str());
-    return 2;
-  }
-  auto bad = [](const std::string& m) {
-    std::fprintf(stderr, "tessera: %s\n", m.c_str());
-    return 2;
-  };
+  if (const int rc = trainer_kit::parse_command_line(app, argc, argv); rc >= 0) return rc;
+  const auto bad = trainer_kit::bad_option;
   if (!o.model.empty()) {
     model_shape p;
     preset(o.model, p);
@@ -139,19 +123,7 @@ inline int parse(int argc, char** argv, options& o) {
 
 //! Every option as "name=value" lines, for the agreement across ranks.
 inline std::string describe(const options& o) {
-  std::string s;
-  auto put = [&](const char* k, const auto& v) {
-    s += k;
-    s += '=';
-    if constexpr (std::is_convertible_v<decltype(v), std::string>) s += v;
-    else if constexpr (std::is_floating_point_v<std::remove_cvref_t<decltype(v)>>) {
-      char b[32];
-      s.append(b, std::to_chars(b, b + sizeof b, v).ptr);
-    } else {
-      s += std::to_string(v);
-    }
-    s += '\n';
-  };
+  trainer_kit::option_lines put;
   put("backend", o.backend), put("wrapper", o.wrapper), put("strategy", o.strategy), put("precision", o.precision);
   put("model", o.model), put("layers", o.shape.layers), put("heads", o.shape.heads), put("d", o.shape.d);
   put("seq", o.shape.seq), put("max-seq", o.shape.max_seq), put("vocab", o.shape.vocab), put("batch", o.batch);
@@ -161,7 +133,7 @@ inline std::string describe(const options& o) {
   put("recompute", o.recompute), put("log-every", o.log_every), put("save", o.save), put("save-every", o.save_every);
   put("keep", o.keep), put("load", o.load), put("dump-weights", o.dump_weights), put("sample", o.sample);
   put("json", o.json), put("timeout", o.timeout), put("order-check", o.order_check);
-  return s;
+  return put.text;
 }
 
 }  // namespace gpt

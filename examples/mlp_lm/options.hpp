@@ -3,6 +3,8 @@
 // and tests rely on them.
 #include <CLI/CLI.hpp>
 
+#include "trainer_kit/cli.hpp"
+
 #include <cmath>
 #include <cstdint>
 #include <charconv>
@@ -94,12 +96,7 @@ inline int parse(int argc, char** argv, options& o) {
                  "--plan auto: GiB per GPU the configuration must fit (default: the GPU's memory less 2 GiB for the "
                  "CUDA context and NCCL; none on the host backend)")
       ->check(CLI::Range(0.0, 1e6));
-  app.add_option("--wrapper", o.wrapper, "ddp, fsdp (flat shards) or fsdp2 (per-parameter row shards; optim_grads_params)")
-      ->check(CLI::IsMember({"ddp", "fsdp", "fsdp2"}));
-  app.add_option("--strategy", o.strategy, "no_shard, optim, optim_grads or optim_grads_params")
-      ->check(CLI::IsMember({"no_shard", "optim", "optim_grads", "optim_grads_params"}));
-  app.add_option("--precision", o.precision, "fp32, or bf16 (bf16 compute weights, fp32 main weights and grads)")
-      ->check(CLI::IsMember({"fp32", "bf16"}));
+  trainer_kit::add_parallel_options(app, o.wrapper, o.strategy, o.precision);
   app.add_option("--shard-group", o.shard_group,
                  "hybrid sharding: ranks per shard group of a mesh (the world = R replica groups x S), or 'node' for "
                  "one node's ranks; the strategy runs inside a group (default: the whole world, flat)");
@@ -136,21 +133,8 @@ inline int parse(int argc, char** argv, options& o) {
   app.add_option("--order-check", o.order_check,
                  "check before each collective that every rank issues the same one (auto: on over MPI, off over NCCL)")
       ->check(CLI::IsMember({"auto", "on", "off"}));
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::string msg = e.what();
-    for (auto& ch : msg)
-      if (ch == '\n') ch = ' ';
-    std::fprintf(stderr, "tessera: %s (see --help)\n", msg.c_str());
-    return 2;
-  }
-  auto bad = [](const std::string& m) {
-    std::fprintf(stderr, "tessera: %s\n", m.c_str());
-    return 2;
-  };
+  if (const int rc = trainer_kit::parse_command_line(app, argc, argv); rc >= 0) return rc;
+  const auto bad = trainer_kit::bad_option;
   if (!std::isfinite(o.lr) || o.lr > 10) return bad("--lr " + std::to_string(o.lr) + " is not a learning rate (0 < lr <= 10)");
   if (!std::isfinite(o.clip) || !std::isfinite(o.weight_decay) || o.weight_decay > 10)
     return bad("--clip and --weight-decay must be finite (and --weight-decay at most 10)");
@@ -212,19 +196,7 @@ std::string apply_plan_auto(options& o, int world, double gpu_bytes);
 //! (a flag given to one rank only would otherwise train inconsistently, or
 //! fail deep inside a collective).
 inline std::string describe(const options& o) {
-  std::string s;
-  auto put = [&](const char* k, const auto& v) {
-    s += k;
-    s += '=';
-    if constexpr (std::is_convertible_v<decltype(v), std::string>) s += v;
-    else if constexpr (std::is_floating_point_v<std::remove_cvref_t<decltype(v)>>) {
-      char b[32];  // the shortest text that reads back the same double
-      s.append(b, std::to_chars(b, b + sizeof b, v).ptr);
-    } else {
-      s += std::to_string(v);
-    }
-    s += '\n';
-  };
+  trainer_kit::option_lines put;
   put("backend", o.backend), put("comm", o.comm), put("fusion", o.fusion), put("wrapper", o.wrapper);
   put("strategy", o.strategy), put("precision", o.precision), put("layers", o.layers), put("d", o.d);
   put("ctx", o.ctx), put("tokens", o.tokens), put("steps", o.steps), put("accum", o.accum);
@@ -239,7 +211,7 @@ inline std::string describe(const options& o) {
   put("deterministic", o.deterministic), put("micro-tokens", o.micro_tokens);
   put("plan", o.plan), put("topology", o.topology), put("gpu-memory", o.gpu_memory);
   put("cuda-graphs", o.cuda_graphs);
-  return s;
+  return put.text;
 }
 
 }  // namespace mlp_lm

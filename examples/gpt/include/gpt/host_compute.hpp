@@ -282,15 +282,7 @@ private:
     }
   }
 
-  // fp32 view of compute weights: the weights themselves, or a widened copy.
-  static const float* widen(std::span<const C> w, buf<float>& wide) {
-    if constexpr (std::is_same_v<C, float>) {
-      return w.data();
-    } else {
-      for (std::size_t i = 0; i < w.size(); ++i) wide.data()[i] = float(w[i]);
-      return wide.data();
-    }
-  }
+  static const float* widen(std::span<const C> w, buf<float>& wide) { return trainer_kit::widen(w, wide.data()); }
 
   Wrapper& m_;
   const model_ids& ids_;

@@ -8,19 +8,14 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "trainer_kit/host_math.hpp"
+
 namespace gpt::host {
 
 inline constexpr float ln_eps = 1e-5f;
 
-inline float gelu(float x) {
-  const float k = 0.7978845608028654f;
-  return 0.5f * x * (1.0f + std::tanh(k * (x + 0.044715f * x * x * x)));
-}
-inline float gelu_grad(float x) {
-  const float k = 0.7978845608028654f;
-  const float t = std::tanh(k * (x + 0.044715f * x * x * x));
-  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * k * (1.0f + 3.0f * 0.044715f * x * x);
-}
+using trainer_kit::gelu;
+using trainer_kit::gelu_grad;
 
 //! out = (x - mean) * rstd * w + b per row of d; mean and rstd kept for backward.
 inline void layernorm(const float* x, const float* w, const float* b, float* out, float* mean, float* rstd,

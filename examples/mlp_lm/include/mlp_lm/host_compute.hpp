@@ -14,18 +14,12 @@
 #include "tessera/backend/host/blas.hpp"
 #include "tessera/backend/host/buffer.hpp"
 #include "tessera/core/dtype.hpp"
+#include "trainer_kit/host_math.hpp"
 
 namespace mlp_lm {
 
-inline float gelu(float x) {
-  const float k = 0.7978845608028654f;
-  return 0.5f * x * (1.0f + std::tanh(k * (x + 0.044715f * x * x * x)));
-}
-inline float gelu_grad(float x) {
-  const float k = 0.7978845608028654f;
-  const float t = std::tanh(k * (x + 0.044715f * x * x * x));
-  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * k * (1.0f + 3.0f * 0.044715f * x * x);
-}
+using trainer_kit::gelu;
+using trainer_kit::gelu_grad;
 
 //! Activations and scratch for up to `max_tokens` tokens, in library-counted host buffers.
 template <class Wrapper>
@@ -45,7 +39,7 @@ public:
         a_(max_tokens * std::size_t(s.hidden())), da_(max_tokens * std::size_t(s.hidden())),
         dx_(max_tokens * std::size_t(s.d)), logits_(max_tokens * vocab) {
     std::size_t widest = 0;
-    for (std::size_t u = 0; u < m.num_units(); ++u) widest = std::max(widest, m.shards().layout(u).padded_numel());
+    for (std::size_t u = 0; u < m.num_units(); ++u) widest = std::max(widest, m.layout(tessera::unit_id{int(u)}).padded_numel());
     if constexpr (!std::is_same_v<C, float>) wide_ = buf<float>(widest);
   }
 
@@ -167,14 +161,7 @@ public:
 
 private:
   // fp32 view of compute weights: the weights themselves, or a widened copy.
-  const float* widen(std::span<const C> w) {
-    if constexpr (std::is_same_v<C, float>) {
-      return w.data();
-    } else {
-      for (std::size_t i = 0; i < w.size(); ++i) wide_.data()[i] = float(w[i]);
-      return wide_.data();
-    }
-  }
+  const float* widen(std::span<const C> w) { return trainer_kit::widen(w, wide_.data()); }
 
   Wrapper& m_;
   const model_ids& ids_;

@@ -1,0 +1,67 @@
+#pragma once
+// The trainers' command-line conventions: a parse error or a bad value is one
+// line starting with "tessera:" and exit code 2; every option can be written
+// as "name=value" lines for the agreement across ranks (run.hpp).
+#include <CLI/CLI.hpp>
+
+#include <charconv>
+#include <cstdio>
+#include <string>
+#include <type_traits>
+
+namespace trainer_kit {
+
+//! Parses argv. Returns -1 to continue, else the exit code (0 after --help,
+//! 2 after an error, printed as one "tessera:" line).
+inline int parse_command_line(CLI::App& app, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::string msg = e.what();
+    for (auto& ch : msg)
+      if (ch == '\n') ch = ' ';
+    std::fprintf(stderr, "tessera: %s (see --help)\n", msg.c_str());
+    return 2;
+  }
+  return -1;
+}
+
+//! --wrapper, --strategy and --precision, as every trainer names them.
+inline void add_parallel_options(CLI::App& app, std::string& wrapper, std::string& strategy, std::string& precision) {
+  app.add_option("--wrapper", wrapper, "ddp, fsdp (flat shards) or fsdp2 (per-parameter row shards; optim_grads_params)")
+      ->check(CLI::IsMember({"ddp", "fsdp", "fsdp2"}));
+  app.add_option("--strategy", strategy, "no_shard, optim, optim_grads or optim_grads_params")
+      ->check(CLI::IsMember({"no_shard", "optim", "optim_grads", "optim_grads_params"}));
+  app.add_option("--precision", precision, "fp32, or bf16 (bf16 compute weights, fp32 main weights and grads)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
+}
+
+//! A bad option value: its one line, and the exit code 2.
+inline int bad_option(const std::string& m) {
+  std::fprintf(stderr, "tessera: %s\n", m.c_str());
+  return 2;
+}
+
+//! "name=value\n" lines of options; doubles in the shortest text that reads back the same.
+struct option_lines {
+  std::string text;
+  template <class V>
+  option_lines& operator()(const char* name, const V& v) {
+    text += name;
+    text += '=';
+    if constexpr (std::is_convertible_v<const V&, std::string>) {
+      text += v;
+    } else if constexpr (std::is_floating_point_v<V>) {
+      char b[32];
+      text.append(b, std::to_chars(b, b + sizeof b, v).ptr);
+    } else {
+      text += std::to_string(v);
+    }
+    text += '\n';
+    return *this;
+  }
+};
+
+}  // namespace trainer_kit

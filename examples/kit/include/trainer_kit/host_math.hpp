@@ -1,0 +1,32 @@
+#pragma once
+// What the reference models' host nets share: the tanh GELU and its
+// derivative, and an fp32 view of a unit's compute weights.
+#include <cmath>
+#include <cstddef>
+#include <span>
+#include <type_traits>
+
+namespace trainer_kit {
+
+inline float gelu(float x) {
+  const float k = 0.7978845608028654f;
+  return 0.5f * x * (1.0f + std::tanh(k * (x + 0.044715f * x * x * x)));
+}
+inline float gelu_grad(float x) {
+  const float k = 0.7978845608028654f;
+  const float t = std::tanh(k * (x + 0.044715f * x * x * x));
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * k * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
+//! fp32 view of compute weights: the weights themselves, or their copy widened into `wide`.
+template <class C>
+const float* widen(std::span<const C> w, float* wide) {
+  if constexpr (std::is_same_v<C, float>) {
+    return w.data();
+  } else {
+    for (std::size_t i = 0; i < w.size(); ++i) wide[i] = float(w[i]);
+    return wide;
+  }
+}
+
+}  // namespace trainer_kit
