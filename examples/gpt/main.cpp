@@ -1,11 +1,15 @@
 // tessera-gpt: GPT-2 trained with any Tessera strategy and wrapper chosen at
 // run time among the compiled instantiations. Run under mpirun for several
-// ranks. The host backend only for now (docs: the CUDA GPT net is an open issue).
+// ranks. Compiled by a plain C++ compiler it has the host backend; compiled by
+// nvcc (main.cu) the CUDA backend too.
 #include <cstdio>
 #include <optional>
 
 #include "options.hpp"
 #include "trainer.hpp"
+#if TESSERA_CUDA_COMPILER
+#include "cuda_main.cuh"
+#endif
 
 int main(int argc, char** argv) {
   trainer_kit::program_name = "tessera-gpt";
@@ -25,6 +29,13 @@ int main(int argc, char** argv) {
   return tessera::comm::mpi_main(argc, argv, [&] {
     tessera::comm::mpi world(tessera::comm::mpi_options{.timeout_s = o.timeout, .order_check = o.order_check != "off"});
     trainer_kit::agree_on_text(world, gpt::describe(o));
-    return gpt::dispatch<tessera::backend::host, gpt::host_gpt>(o, world, *sets);
+    if (o.backend == "cuda") {
+#if TESSERA_CUDA_COMPILER
+      return gpt::run_cuda(o, world, *sets);
+#else
+      throw tessera::error("this build of tessera-gpt has no CUDA backend (configure with CUDA and NCCL)");
+#endif
+    }
+    return gpt::dispatch<tessera::backend::host, gpt::host_gpt>(o, world, world, *sets);
   });
 }

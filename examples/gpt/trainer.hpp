@@ -59,8 +59,10 @@ struct datasets {
   std::optional<corpus> val;
 };
 
-template <class Cfg, template <class> class Net>
-int train(const options& o_in, tessera::comm::mpi& world, const datasets& sets) {
+//! Trains over `comm` (the wrapper's communicator); `world` (MPI) carries the
+//! logged losses and the agreement checks.
+template <class Cfg, template <class> class Net, class Comm>
+int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, const datasets& sets) {
   using namespace tessera;
   using Wrapper = data_parallel_t<Cfg>;
   using B = typename Cfg::backend_type;
@@ -72,7 +74,7 @@ int train(const options& o_in, tessera::comm::mpi& world, const datasets& sets) 
   memory_of<B>().reset_peak();
   // Three gather buffers: the embed unit, held for the whole micro-batch,
   // and two for the blocks (one in use, one prefetching).
-  Wrapper model(world, wrapper_options{.gather_buffers = 3});
+  Wrapper model(comm, wrapper_options{.gather_buffers = 3});
   const model_ids ids = register_model(model, shape);
   model.finalize();
   const auto t_init = std::chrono::steady_clock::now();
@@ -94,7 +96,8 @@ int train(const options& o_in, tessera::comm::mpi& world, const datasets& sets) 
       std::printf("tessera-gpt: resumed from %s (step %ld, written by %d rank%s with %s)\n", got.path.c_str(), first_step,
                   got.world, got.world == 1 ? "" : "s", got.strategy.c_str());
     if (first_step >= o.steps && talk)
-      std::printf("tessera-gpt: the checkpoint is at step %ld, --steps is %d: nothing to train\n", first_step, o.steps);
+      std::printf("tessera-gpt: the checkpoint is at step %ld and --steps is %d: nothing to train (--steps is the "
+                  "total, counting the steps it resumes past)\n", first_step, o.steps);
   }
   const corpus& data = sets.train;
   const std::optional<corpus>& val = sets.val;
@@ -104,7 +107,8 @@ int train(const options& o_in, tessera::comm::mpi& world, const datasets& sets) 
     so.keep = o.keep;
     so.at_point = crash_hook;
     so.extra = {{"next_step", next_step}, {"seed", o.seed}, {"global_sequences", (long long)o.batch * N * o.accum},
-                {"seq", shape.seq}, {"data", o.data}, {"model", "tessera-gpt"}};
+                {"seq", shape.seq}, {"data", o.data}, {"model", "tessera-gpt"}, {"layers", shape.layers},
+                {"heads", shape.heads}, {"d", shape.d}, {"vocab", shape.vocab}, {"max_seq", shape.positions()}};
     const auto dir = checkpoint::save(opt, o.save, next_step, so);
     if (talk && !o.json) std::printf("tessera-gpt: saved %s\n", dir.c_str());
   };
@@ -252,10 +256,10 @@ int train(const options& o_in, tessera::comm::mpi& world, const datasets& sets) 
 }
 
 //! train<Cfg> for the precision, wrapper and strategy named in o.
-template <class B, template <class> class Net>
-int dispatch(const options& o, tessera::comm::mpi& world, const datasets& sets) {
+template <class B, template <class> class Net, class Comm>
+int dispatch(const options& o, tessera::comm::mpi& world, Comm& comm, const datasets& sets) {
   using namespace tessera;
-  auto run = [&]<class Cfg>() { return train<Cfg, Net>(o, world, sets); };
+  auto run = [&]<class Cfg>() { return train<Cfg, Net>(o, world, comm, sets); };
   const auto rc = o.precision == "bf16"
                       ? trainer_kit::with_config<mixed_precision<bf16, float>, B>(o.wrapper, o.strategy, "no_shard", run)
                       : trainer_kit::with_config<full_precision<float>, B>(o.wrapper, o.strategy, "no_shard", run);

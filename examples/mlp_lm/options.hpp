@@ -135,6 +135,8 @@ inline int parse(int argc, char** argv, options& o) {
       ->check(CLI::IsMember({"auto", "on", "off"}));
   if (const int rc = trainer_kit::parse_command_line(app, argc, argv); rc >= 0) return rc;
   const auto bad = trainer_kit::bad_option;
+  // NaN passes every range check (each comparison is false) and would turn the watchdog off.
+  if (std::isnan(o.timeout)) return bad("--timeout nan is not a number of seconds (0 turns the watchdog off)");
   if (!std::isfinite(o.lr) || o.lr > 10) return bad("--lr " + std::to_string(o.lr) + " is not a learning rate (0 < lr <= 10)");
   if (!std::isfinite(o.clip) || !std::isfinite(o.weight_decay) || o.weight_decay > 10)
     return bad("--clip and --weight-decay must be finite (and --weight-decay at most 10)");

@@ -121,6 +121,9 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
                                   : std::string("without --deterministic")) +
                            "; resume the same way to continue its data stream");
     first_step = x["next_step"].template get<long>();
+    if (first_step >= o.steps && r == 0)  // every rank knows; one says it
+      std::printf("tessera-mlp-lm: the checkpoint is at step %ld and --steps is %d: nothing to train (--steps is the "
+                  "total, counting the steps it resumes past)\n", first_step, o.steps);
     o.seed = x["seed"].template get<std::uint64_t>();
     if (r == 0 && !o.json)
       std::printf("tessera-mlp-lm: resumed from %s (step %ld, written by %d rank%s with %s) in %.2f s\n",

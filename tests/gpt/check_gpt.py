@@ -135,6 +135,7 @@ cases = [
     (small + ['--data', os.path.join(tmp, 'none-*.bin')], 'no file matches it'),
     (['--model', 'gpt3'], 'gpt3'),
     (['--val-every', '5'], '--val-every needs --val-data'),
+    (['--timeout', 'nan'], '--timeout nan'),
 ]
 for args, part in cases:
     res = run(2, args, expect_rc=None)

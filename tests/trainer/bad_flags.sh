@@ -28,6 +28,7 @@ check --steps -3
 check --shard-group 0
 check --shard-group two
 check --outer optim
+check --timeout nan
 check --cuda-graphs maybe
 check --cuda-graphs on  # the host backend has none
 check --deterministic

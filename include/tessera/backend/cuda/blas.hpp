@@ -68,14 +68,17 @@ template <class T> constexpr cudaDataType_t cuda_type() {
 
 //! Row-major C[m,n] = alpha op(A) op(B) + beta C with fp32 accumulation, on the
 //! current stream. A and B are fp32, bf16 or fp16 (the same type); C is float
-//! or the operand type. op transposes where asked.
+//! or the operand type. op transposes where asked. fp32 operands multiply as
+//! TF32 unless `tf32` is false (strict fp32: what a host reference matches).
 template <class T, class TC>
-void gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const T* a, const T* b, float beta, TC* c) {
+void gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const T* a, const T* b, float beta, TC* c,
+          bool tf32 = true) {
   TESSERA_CHECK(m >= 0 && n >= 0 && k >= 0, "gemm with negative extent");
   if (m == 0 || n == 0) return;
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
   const int lda = trans_a ? m : k, ldb = trans_b ? k : n;
-  const cublasComputeType_t compute = std::is_same_v<T, float> ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  const cublasComputeType_t compute =
+      std::is_same_v<T, float> && tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   TESSERA_CUBLAS(cublasGemmEx(blas_for(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m,
                               k, &alpha, b, detail::cuda_type<T>(), ldb, a, detail::cuda_type<T>(), lda, &beta, c,
                               detail::cuda_type<TC>(), n, compute, CUBLAS_GEMM_DEFAULT));

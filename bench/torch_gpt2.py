@@ -1,0 +1,219 @@
+#!/usr/bin/env python3
+"""GPT-2 in PyTorch, the independent implementation tessera-gpt is held to.
+
+The same architecture (fused qkv with bias, causal attention, tanh GELU, pre-LN,
+the head tied to the token table, the vocabulary padded in the table and the
+padded rows never given probability), AdamW (0.9, 0.95, eps 1e-8, decay on 2-D
+weights only), global-norm clipping, linear warm-up then a cosine to --min-lr,
+fp32 master weights with bf16 autocast (--precision bf16) or strict fp32 (no
+TF32).
+
+--weights FILE starts from tessera-gpt's --dump-weights (with --steps 0: its
+initial weights) and --text FILE takes the very batches tessera-gpt draws
+(sequence g of step s starts at window hash(seed, s, g) mod windows: the
+sampler of examples/gpt/include/gpt/data.hpp, re-implemented here), so the two
+loss curves can be compared step by step. Without --weights it initialises as
+GPT-2 and trains on random tokens (the speed issue's setting).
+
+Prints one JSON line per step ({"step", "loss", "grad_norm", "lr", "ms",
+"tokens_per_s"}) and a summary ({"summary": true, "tokens_per_s", "peak_bytes"}).
+"""
+import argparse
+import json
+import math
+import struct
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+M64 = (1 << 64) - 1
+
+
+def splitmix64(x):
+    x = (x + 0x9e3779b97f4a7c15) & M64
+    x = ((x ^ (x >> 30)) * 0xbf58476d1ce4e5b9) & M64
+    x = ((x ^ (x >> 27)) * 0x94d049bb133111eb) & M64
+    return x ^ (x >> 31)
+
+
+def window(seed, step, g, windows):
+    h = splitmix64((splitmix64((splitmix64(seed ^ 0x243f6a8885a308d3) + step) & M64)) ^ g)
+    return h % windows
+
+
+def scheduled_lr(t, lr, min_lr, warmup, steps):
+    if warmup > 0 and t <= warmup:
+        return lr * t / warmup
+    span = max(1, steps - warmup)
+    progress = min(1.0, (t - warmup) / span)
+    return min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (lr - min_lr)
+
+
+def load_safetensors(path):
+    raw = open(path, 'rb').read()
+    n = struct.unpack('<Q', raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    meta = header.pop('__metadata__', {})
+    out = {}
+    for name, e in header.items():
+        b, end = e['data_offsets']
+        out[name] = torch.from_numpy(np.frombuffer(raw[8 + n + b:8 + n + end], dtype='<f4').reshape(e['shape']).copy())
+    return out, meta
+
+
+class GPT(torch.nn.Module):
+    def __init__(self, layers, heads, d, vocab, positions, attention):
+        super().__init__()
+        self.layers, self.heads, self.d, self.vocab, self.attention = layers, heads, d, vocab, attention
+        pv = (vocab + 127) // 128 * 128
+        P = torch.nn.Parameter
+        self.wte = P(torch.zeros(pv, d))
+        self.wpe = P(torch.zeros(positions, d))
+        self.lnf_w, self.lnf_b = P(torch.ones(d)), P(torch.zeros(d))
+        self.blocks = torch.nn.ModuleList()
+        for _ in range(layers):
+            b = torch.nn.Module()
+            b.ln1_w, b.ln1_b, b.ln2_w, b.ln2_b = P(torch.ones(d)), P(torch.zeros(d)), P(torch.ones(d)), P(torch.zeros(d))
+            b.qkv_w, b.qkv_b = P(torch.zeros(3 * d, d)), P(torch.zeros(3 * d))
+            b.proj_w, b.proj_b = P(torch.zeros(d, d)), P(torch.zeros(d))
+            b.fc_w, b.fc_b = P(torch.zeros(4 * d, d)), P(torch.zeros(4 * d))
+            b.fc_proj_w, b.fc_proj_b = P(torch.zeros(d, 4 * d)), P(torch.zeros(d))
+            self.blocks.append(b)
+
+    def names(self):
+        """(tessera-gpt's name, parameter) pairs."""
+        yield 'embed.wte', self.wte
+        yield 'embed.wpe', self.wpe
+        yield 'embed.ln_f.w', self.lnf_w
+        yield 'embed.ln_f.b', self.lnf_b
+        for l, b in enumerate(self.blocks):
+            for k, p in [('ln_1.w', b.ln1_w), ('ln_1.b', b.ln1_b), ('qkv.w', b.qkv_w), ('qkv.b', b.qkv_b),
+                         ('proj.w', b.proj_w), ('proj.b', b.proj_b), ('ln_2.w', b.ln2_w), ('ln_2.b', b.ln2_b),
+                         ('fc.w', b.fc_w), ('fc.b', b.fc_b), ('fc_proj.w', b.fc_proj_w), ('fc_proj.b', b.fc_proj_b)]:
+                yield f'block{l}.{k}', p
+
+    def gpt2_init(self, gen):
+        with torch.no_grad():
+            for name, p in self.names():
+                if name.endswith(('.b', 'ln_1.w', 'ln_2.w', 'ln_f.w')):
+                    continue
+                std = 0.02 / math.sqrt(2 * self.layers) if 'proj.w' in name else 0.02
+                p.normal_(0, std, generator=gen)
+            self.wte[self.vocab:].zero_()
+
+    def forward(self, idx, targets):
+        B, T = idx.shape
+        d, H = self.d, self.heads
+        x = self.wte[idx] + self.wpe[:T]
+        for b in self.blocks:
+            h = F.layer_norm(x, (d,), b.ln1_w, b.ln1_b, 1e-5)
+            q, k, v = F.linear(h, b.qkv_w, b.qkv_b).split(d, dim=2)
+            q, k, v = (t.view(B, T, H, d // H).transpose(1, 2) for t in (q, k, v))
+            if self.attention == 'sdpa':
+                a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:
+                s = (q @ k.transpose(-2, -1)) / math.sqrt(d // H)
+                s = s.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool, device=idx.device), 1), float('-inf'))
+                a = torch.softmax(s.float(), dim=-1).to(v.dtype) @ v
+            x = x + F.linear(a.transpose(1, 2).reshape(B, T, d), b.proj_w, b.proj_b)
+            h = F.layer_norm(x, (d,), b.ln2_w, b.ln2_b, 1e-5)
+            x = x + F.linear(F.gelu(F.linear(h, b.fc_w, b.fc_b), approximate='tanh'), b.fc_proj_w, b.fc_proj_b)
+        x = F.layer_norm(x, (d,), self.lnf_w, self.lnf_b, 1e-5)
+        logits = F.linear(x, self.wte[:self.vocab])
+        return F.cross_entropy(logits.float().view(-1, self.vocab), targets.reshape(-1), reduction='sum')
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    ap.add_argument('--weights')
+    ap.add_argument('--text')
+    ap.add_argument('--model', choices=['gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl'])
+    ap.add_argument('--layers', type=int, default=2)
+    ap.add_argument('--heads', type=int, default=4)
+    ap.add_argument('--d', type=int, default=64)
+    ap.add_argument('--vocab', type=int, default=256)
+    ap.add_argument('--seq', type=int, default=32)
+    ap.add_argument('--batch', type=int, default=4, help='sequences per step (the global batch)')
+    ap.add_argument('--micro', type=int, default=0, help='sequences per micro-batch (0: the whole batch)')
+    ap.add_argument('--steps', type=int, default=50)
+    ap.add_argument('--lr', type=float, default=6e-4)
+    ap.add_argument('--min-lr', type=float, default=0.0)
+    ap.add_argument('--warmup', type=int, default=0)
+    ap.add_argument('--clip', type=float, default=1.0)
+    ap.add_argument('--weight-decay', type=float, default=0.1)
+    ap.add_argument('--seed', type=int, default=1)
+    ap.add_argument('--precision', choices=['fp32', 'bf16'], default='bf16')
+    ap.add_argument('--attention', choices=['math', 'sdpa'], default='sdpa')
+    ap.add_argument('--compile', action='store_true')
+    a = ap.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    if a.model:
+        a.layers, a.heads, a.d = {'gpt2': (12, 12, 768), 'gpt2-medium': (24, 16, 1024), 'gpt2-large': (36, 20, 1280),
+                                  'gpt2-xl': (48, 25, 1600)}[a.model]
+        a.vocab = 50257
+    positions = 1024 if a.model else a.seq
+    dev = 'cuda'
+    meta = {}
+    if a.weights:
+        w, meta = load_safetensors(a.weights)
+        a.layers, a.heads, a.d, a.vocab = int(meta['layers']), int(meta['heads']), int(meta['d']), int(meta['vocab'])
+        positions = int(meta['max_seq'])
+    model = GPT(a.layers, a.heads, a.d, a.vocab, positions, a.attention)
+    if a.weights:
+        with torch.no_grad():
+            for name, p in model.names():
+                p.copy_(w[name])
+    else:
+        model.gpt2_init(torch.Generator().manual_seed(a.seed))
+    model.to(dev)
+    decay = [p for n, p in model.names() if p.dim() == 2]
+    rest = [p for n, p in model.names() if p.dim() != 2]
+    opt = torch.optim.AdamW([{'params': decay, 'weight_decay': a.weight_decay}, {'params': rest, 'weight_decay': 0.0}],
+                            lr=a.lr, betas=(0.9, 0.95), eps=1e-8, fused=True)
+    fwd = torch.compile(model) if a.compile else model
+    T, G = a.seq, a.batch
+    micro = a.micro or G
+    if a.text:
+        toks = torch.from_numpy(np.frombuffer(open(a.text, 'rb').read(), dtype=np.uint8).astype(np.int64))
+        windows = len(toks) - T
+    else:
+        gen = torch.Generator(device=dev).manual_seed(a.seed)
+    times = []
+    torch.cuda.reset_peak_memory_stats()
+    for step in range(a.steps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        if a.text:
+            seqs = torch.stack([toks[w:w + T + 1] for w in (window(a.seed, step, g, windows) for g in range(G))]).to(dev)
+        else:
+            seqs = torch.randint(0, a.vocab, (G, T + 1), device=dev, generator=gen)
+        loss_sum = torch.zeros((), device=dev)
+        for m0 in range(0, G, micro):
+            s = seqs[m0:m0 + micro]
+            with torch.autocast('cuda', dtype=torch.bfloat16, enabled=a.precision == 'bf16'):
+                loss = fwd(s[:, :-1], s[:, 1:])
+            (loss / (G * T)).backward()
+            loss_sum += loss.detach()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip if a.clip > 0 else float('inf'))
+        lr = scheduled_lr(step + 1, a.lr, a.min_lr, a.warmup, a.steps)
+        for g in opt.param_groups:
+            g['lr'] = lr
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss_v = loss_sum.item() / (G * T)
+        dt = time.perf_counter() - t0
+        if step >= 5:
+            times.append(dt)
+        print(json.dumps({'step': step, 'loss': loss_v, 'grad_norm': float(norm), 'lr': lr, 'ms': dt * 1e3,
+                          'tokens_per_s': G * T / dt}), flush=True)
+    tps = G * T * len(times) / sum(times) if times else 0.0
+    print(json.dumps({'summary': True, 'tokens_per_s': tps, 'peak_bytes': torch.cuda.max_memory_allocated(),
+                      'precision': a.precision, 'attention': a.attention, 'compile': a.compile,
+                      'params': sum(p.numel() for p in model.parameters())}), flush=True)
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,335 @@
+#pragma once
+// GPT-2's forward and backward on the CUDA backend, the same protocol and
+// arithmetic as host_compute.hpp: cuBLAS GEMMs on compute-type operands (fp32
+// or bf16) with fp32 outputs, cuda_kernels.cuh for the rest. The residual
+// stream, GEMM outputs and LayerNorm statistics are fp32; the classifier
+// runs in chunks of rows, so the fp32 logits of the whole batch are never in
+// memory. Correct first: the speed issue (fused epilogues, a flash attention,
+// step graphs) builds on it.
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gpt/cuda_kernels.cuh"
+#include "gpt/host_compute.hpp"
+#include "gpt/model.hpp"
+#include "tessera/backend/cuda/blas.hpp"
+#include "tessera/backend/cuda/buffer.hpp"
+#include "tessera/backend/cuda/stream.hpp"
+
+namespace gpt {
+
+template <class Wrapper>
+class cuda_gpt {
+  using C = typename Wrapper::compute_type;
+  static_assert(std::is_same_v<typename Wrapper::grad_type, float>, "the GPU trainer accumulates fp32 gradients");
+  template <class T> using dbuf = tessera::cuda::buffer<T>;
+  // Rows of logits the classifier holds at once (fp32 rows x vocab).
+  static constexpr std::size_t chunk_rows = 1024;
+
+public:
+  static constexpr const char* backend_name = "cuda";
+
+  cuda_gpt(Wrapper& m, const model_ids& ids, const model_shape& s, int batch, net_options o = {})
+      : m_(m), ids_(ids), s_(s), o_(o), n_max_(std::size_t(batch) * std::size_t(s.seq)) {
+    TESSERA_CHECK(s.seq <= 8192, "the CUDA attention keeps a row of scores in shared memory: --seq at most 8192");
+    const std::size_t n = n_max_, D = std::size_t(s.d), L = std::size_t(s.layers), slots = o.recompute ? 1 : L;
+    x_ = dbuf<float>((L + 1) * n * D);
+    stats_ = dbuf<float>(slots * 4 * n + 2 * n);  // per block: mean, rstd of both LayerNorms; then the final one's
+    lse_ = dbuf<float>(slots * n * std::size_t(s.heads));
+    qkv_ = dbuf<float>(slots * 3 * n * D);
+    xmid_ = dbuf<float>(slots * n * D);
+    h_ = dbuf<float>(slots * 4 * n * D);
+    xn1_ = dbuf<C>(slots * n * D), y_ = dbuf<C>(slots * n * D), xn2_ = dbuf<C>(slots * n * D);
+    xf_ = dbuf<C>(n * D);
+    act_ = dbuf<C>(4 * n * D);  // GELU output (forward and backward), then dH
+    big_ = dbuf<float>(4 * n * D);  // dA, dqkv
+    big_c_ = dbuf<C>(3 * n * D);    // dqkv in C
+    dx_ = dbuf<float>(n * D), dsmall_ = dbuf<float>(n * D), dx_c_ = dbuf<C>(n * D);
+    const std::size_t rows = std::min(chunk_rows, n);
+    z_ = dbuf<float>(rows * std::size_t(s.vocab));
+    dz_ = dbuf<C>(rows * std::size_t(s.vocab));
+    tok_ = dbuf<std::uint16_t>(2 * n);
+    loss_ = dbuf<double>(1);
+    TESSERA_CUDA(cudaMemsetAsync(loss_.data(), 0, sizeof(double), stream()));
+  }
+
+  //! Device bytes this class holds, for the memory estimate.
+  [[nodiscard]] static std::size_t workspace_bytes(const model_shape& s, int batch, net_options o = {}) {
+    const std::size_t n = std::size_t(batch) * std::size_t(s.seq), D = std::size_t(s.d), L = std::size_t(s.layers),
+                      slots = o.recompute ? 1 : L, rows = std::min(chunk_rows, n), V = std::size_t(s.vocab);
+    return sizeof(float) * ((L + 1) * n * D + slots * 4 * n + 2 * n + slots * n * std::size_t(s.heads) +
+                            slots * 3 * n * D + slots * n * D + slots * 4 * n * D + 4 * n * D + 2 * n * D + rows * V) +
+           sizeof(C) * (3 * slots * n * D + n * D + 4 * n * D + 3 * n * D + n * D + rows * V) +
+           sizeof(std::uint16_t) * 2 * n + sizeof(double);
+  }
+
+  void forward_backward(const std::uint16_t* seqs, int batch, double global_tokens) {
+    const std::size_t B = std::size_t(batch), T = std::size_t(s_.seq), n = B * T, D = std::size_t(s_.d),
+                      V = std::size_t(s_.vocab);
+    TESSERA_CHECK(n <= n_max_, "micro-batch of ", batch, " sequences over the planned ", n_max_ / T);
+    upload(seqs, B, T);
+    auto se = m_.gather(ids_.embed);  // held to the end: lookup, head, embedding backward
+    const C* E = se.weights().data();
+    forward_blocks(E, B, T);
+    const C* wte = E + m_.slot(ids_.wte).offset;
+    float* g_wte = se.grad(ids_.wte).data();
+    const float scale = float(1.0 / global_tokens);
+    head(E, n, [&](std::size_t r0, std::size_t rows) {
+      kernels::cross_entropy_kernel<C><<<unsigned(rows), 256, 0, stream()>>>(z_.data(), targets() + r0, int(V), scale,
+                                                                            dz_.data(), loss_.data());
+      check_launch();
+      gemm(true, false, int(V), int(D), int(rows), 1.0f, dz_.data(), xf_.data() + r0 * D, 1.0f, g_wte);
+      gemm(false, false, int(rows), int(D), int(V), 1.0f, dz_.data(), wte, 0.0f, dsmall_.data() + r0 * D);
+    });
+    TESSERA_CUDA(cudaMemsetAsync(dx_.data(), 0, n * D * sizeof(float), stream()));
+    float* st = stats_.data() + stats_.size() - 2 * n_max_;
+    kernels::layernorm_backward_kernel<C><<<rows_grid(n), 256, 0, stream()>>>(
+        dsmall_.data(), x_.data() + std::size_t(s_.layers) * n_max_ * D, E + m_.slot(ids_.lnf_w).offset, st,
+        st + n_max_, dx_.data(), se.grad(ids_.lnf_w).data(), se.grad(ids_.lnf_b).data(), int(n), int(D));
+    check_launch();
+    for (int l = s_.layers - 1; l >= 0; --l) backward_block(l, B, T);
+    kernels::embed_backward_kernel<float><<<grid(n * D), 256, 0, stream()>>>(
+        dx_.data(), inputs(), g_wte, se.grad(ids_.wpe).data(), n, int(T), int(D));
+    check_launch();
+    se.reduce_grads();
+  }
+
+  //! Forward only: the summed cross-entropy of `batch` sequences (waits for it).
+  double forward_loss(const std::uint16_t* seqs, int batch) {
+    const std::size_t B = std::size_t(batch), T = std::size_t(s_.seq), n = B * T, V = std::size_t(s_.vocab);
+    upload(seqs, B, T);
+    dbuf<double> loss(1);
+    TESSERA_CUDA(cudaMemsetAsync(loss.data(), 0, sizeof(double), stream()));
+    auto se = m_.gather(ids_.embed);
+    const C* E = se.weights().data();
+    forward_blocks(E, B, T);
+    head(E, n, [&](std::size_t r0, std::size_t rows) {
+      kernels::cross_entropy_kernel<C><<<unsigned(rows), 256, 0, stream()>>>(z_.data(), targets() + r0, int(V), 0.0f,
+                                                                            static_cast<C*>(nullptr), loss.data());
+      check_launch();
+    });
+    double out = 0;
+    TESSERA_CUDA(cudaMemcpyAsync(&out, loss.data(), sizeof(double), cudaMemcpyDeviceToHost, stream()));
+    TESSERA_CUDA(cudaStreamSynchronize(stream()));
+    return out;
+  }
+
+  //! The next-token logits (real vocabulary) after `len` <= seq tokens of one sequence.
+  std::vector<float> next_logits(const std::uint16_t* tokens, int len) {
+    TESSERA_CHECK(len >= 1 && len <= s_.seq, "a prompt of ", len, " tokens for a context of ", s_.seq);
+    const std::size_t T = std::size_t(len), V = std::size_t(s_.vocab);
+    std::vector<std::uint16_t> both(2 * T, 0);
+    std::copy_n(tokens, T, both.begin());
+    TESSERA_CUDA(cudaMemcpyAsync(tok_.data(), both.data(), T * sizeof(std::uint16_t), cudaMemcpyHostToDevice, stream()));
+    auto se = m_.gather(ids_.embed);
+    const C* E = se.weights().data();
+    forward_blocks(E, 1, T);
+    std::vector<float> out(V);
+    head(E, T, [&](std::size_t r0, std::size_t rows) {
+      if (r0 + rows == T)
+        TESSERA_CUDA(cudaMemcpyAsync(out.data(), z_.data() + (rows - 1) * V, V * sizeof(float), cudaMemcpyDeviceToHost,
+                                     stream()));
+    });
+    TESSERA_CUDA(cudaStreamSynchronize(stream()));
+    return out;
+  }
+
+  void finish_loss() {
+    TESSERA_CUDA(cudaMemcpyAsync(&finished_, loss_.data(), sizeof(double), cudaMemcpyDeviceToHost, stream()));
+    TESSERA_CUDA(cudaMemsetAsync(loss_.data(), 0, sizeof(double), stream()));
+    TESSERA_CUDA(cudaStreamSynchronize(stream()));
+  }
+  [[nodiscard]] double take_loss() const { return finished_; }
+
+private:
+  static cudaStream_t stream() { return tessera::cuda::current_stream(); }
+  // Every product: fp32 accumulation, and strict fp32 (no TF32) for fp32
+  // operands, so that the GPU matches the host backend.
+  template <class T, class TC>
+  static void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const T* a, const T* b, float beta, TC* c) {
+    tessera::cuda::gemm(ta, tb, m, n, k, alpha, a, b, beta, c, /*tf32=*/false);
+  }
+  static void check_launch() { TESSERA_CUDA(cudaGetLastError()); }
+  static unsigned grid(std::size_t total) { return unsigned(std::min<std::size_t>((total + 255) / 256, 32768)); }
+  static unsigned rows_grid(std::size_t rows) { return unsigned((rows + 7) / 8); }  // 8 warps of 256 threads, a row each
+  const std::uint16_t* inputs() const { return tok_.data(); }
+  const std::uint16_t* targets() const { return tok_.data() + n_max_; }
+
+  // Inputs and next-token targets of B sequences of T + 1 tokens, to the device.
+  void upload(const std::uint16_t* seqs, std::size_t B, std::size_t T) {
+    host_tok_.assign(2 * n_max_, 0);
+    for (std::size_t b = 0; b < B; ++b)
+      for (std::size_t t = 0; t < T; ++t) {
+        host_tok_[b * T + t] = seqs[b * (T + 1) + t];
+        host_tok_[n_max_ + b * T + t] = seqs[b * (T + 1) + t + 1];
+      }
+    TESSERA_CUDA(cudaMemcpyAsync(tok_.data(), host_tok_.data(), host_tok_.size() * sizeof(std::uint16_t),
+                                 cudaMemcpyHostToDevice, stream()));
+    TESSERA_CUDA(cudaStreamSynchronize(stream()));  // host_tok_ is reused by the next call
+  }
+
+  struct slot {
+    float *mean1, *rstd1, *mean2, *rstd2, *qkv, *lse, *xmid, *h;
+    C *xn1, *y, *xn2;
+  };
+  slot slot_of(int l) {
+    const std::size_t n = n_max_, D = std::size_t(s_.d), k = std::size_t(o_.recompute ? 0 : l);
+    float* st = stats_.data() + k * 4 * n;
+    return {st, st + n, st + 2 * n, st + 3 * n, qkv_.data() + k * 3 * n * D, lse_.data() + k * n * std::size_t(s_.heads),
+            xmid_.data() + k * n * D, h_.data() + k * 4 * n * D, xn1_.data() + k * n * D, y_.data() + k * n * D,
+            xn2_.data() + k * n * D};
+  }
+  struct block_weights {
+    const C *ln1_w, *ln1_b, *qkv_w, *qkv_b, *proj_w, *proj_b, *ln2_w, *ln2_b, *fc_w, *fc_b, *fc_proj_w, *fc_proj_b;
+  };
+  block_weights weights_of(const block_ids& b, const C* w) const {
+    auto at = [&](tessera::param_id p) { return w + m_.slot(p).offset; };
+    return {at(b.ln1_w), at(b.ln1_b), at(b.qkv_w), at(b.qkv_b), at(b.proj_w), at(b.proj_b),
+            at(b.ln2_w), at(b.ln2_b), at(b.fc_w), at(b.fc_b), at(b.fc_proj_w), at(b.fc_proj_b)};
+  }
+
+  void forward_blocks(const C* E, std::size_t B, std::size_t T) {
+    const std::size_t n = B * T, D = std::size_t(s_.d);
+    kernels::embed_kernel<C><<<grid(n * D), 256, 0, stream()>>>(inputs(), E + m_.slot(ids_.wte).offset,
+                                                                 E + m_.slot(ids_.wpe).offset, x_.data(), n, int(T), int(D));
+    check_launch();
+    for (int l = 0; l < s_.layers; ++l) {
+      const auto& b = ids_.blocks[std::size_t(l)];
+      auto sc = m_.gather(b.unit);
+      forward_block(weights_of(b, sc.weights().data()), l, B, T);
+    }
+  }
+
+  void attention(const slot& a, std::size_t B, std::size_t T) {
+    const dim3 g(unsigned(T), unsigned(B * std::size_t(s_.heads)));
+    const std::size_t smem = (T + 32) * sizeof(float);
+    kernels::attention_kernel<C><<<g, 128, smem, stream()>>>(a.qkv, a.y, a.lse, int(T), s_.heads, s_.head_dim());
+    check_launch();
+  }
+
+  void forward_block(const block_weights& w, int l, std::size_t B, std::size_t T) {
+    const std::size_t n = B * T, D = std::size_t(s_.d), H4 = 4 * D;
+    const float* xin = x_.data() + std::size_t(l) * n_max_ * D;
+    float* xout = x_.data() + std::size_t(l + 1) * n_max_ * D;
+    const slot a = slot_of(l);
+    kernels::layernorm_kernel<C><<<rows_grid(n), 256, 0, stream()>>>(xin, w.ln1_w, w.ln1_b, a.xn1, a.mean1, a.rstd1, int(n), int(D));
+    check_launch();
+    gemm(false, true, int(n), int(3 * D), int(D), 1.0f, a.xn1, w.qkv_w, 0.0f, a.qkv);
+    kernels::bias_kernel<C><<<grid(n * 3 * D), 256, 0, stream()>>>(a.qkv, w.qkv_b, n, int(3 * D));
+    check_launch();
+    attention(a, B, T);
+    TESSERA_CUDA(cudaMemcpyAsync(a.xmid, xin, n * D * sizeof(float), cudaMemcpyDeviceToDevice, stream()));
+    gemm(false, true, int(n), int(D), int(D), 1.0f, a.y, w.proj_w, 1.0f, a.xmid);
+    kernels::bias_kernel<C><<<grid(n * D), 256, 0, stream()>>>(a.xmid, w.proj_b, n, int(D));
+    check_launch();
+    kernels::layernorm_kernel<C><<<rows_grid(n), 256, 0, stream()>>>(a.xmid, w.ln2_w, w.ln2_b, a.xn2, a.mean2, a.rstd2, int(n), int(D));
+    check_launch();
+    gemm(false, true, int(n), int(H4), int(D), 1.0f, a.xn2, w.fc_w, 0.0f, a.h);
+    kernels::bias_gelu_kernel<C><<<grid(n * H4), 256, 0, stream()>>>(a.h, w.fc_b, act_.data(), n, int(H4));
+    check_launch();
+    TESSERA_CUDA(cudaMemcpyAsync(xout, a.xmid, n * D * sizeof(float), cudaMemcpyDeviceToDevice, stream()));
+    gemm(false, true, int(n), int(D), int(H4), 1.0f, act_.data(), w.fc_proj_w, 1.0f, xout);
+    kernels::bias_kernel<C><<<grid(n * D), 256, 0, stream()>>>(xout, w.fc_proj_b, n, int(D));
+    check_launch();
+  }
+
+  // dx_ holds d loss / d x_{l+1}; leaves d loss / d x_l.
+  void backward_block(int l, std::size_t B, std::size_t T) {
+    const auto& b = ids_.blocks[std::size_t(l)];
+    auto sc = m_.gather(b.unit);
+    const block_weights w = weights_of(b, sc.weights().data());
+    if (o_.recompute) forward_block(w, l, B, T);
+    const std::size_t n = B * T, D = std::size_t(s_.d), H4 = 4 * D;
+    const float* xin = x_.data() + std::size_t(l) * n_max_ * D;
+    const slot a = slot_of(l);
+    float* dX = dx_.data();
+    C* dXc = dx_c_.data();
+    auto to_c = [&](const float* from, C* to, std::size_t total) {
+      kernels::convert_kernel<C><<<grid(total), 256, 0, stream()>>>(from, to, total);
+      check_launch();
+    };
+    auto col_sums = [&](const auto* y, std::size_t cols, float* into) {
+      const dim3 g(unsigned((cols + 255) / 256), unsigned((n + 255) / 256));
+      kernels::column_sum_kernel<<<g, 256, 0, stream()>>>(y, int(n), int(cols), into);
+      check_launch();
+    };
+    // MLP: x_{l+1} = xmid + gelu(xn2 Wfc^T + bfc) Wp^T + bp
+    to_c(dX, dXc, n * D);
+    kernels::gelu_kernel<C><<<grid(n * H4), 256, 0, stream()>>>(a.h, act_.data(), n * H4);
+    check_launch();
+    gemm(true, false, int(D), int(H4), int(n), 1.0f, dXc, act_.data(), 1.0f, sc.grad(b.fc_proj_w).data());
+    col_sums(dX, D, sc.grad(b.fc_proj_b).data());
+    float* dA = big_.data();
+    gemm(false, false, int(n), int(H4), int(D), 1.0f, dXc, w.fc_proj_w, 0.0f, dA);
+    C* dH = act_.data();
+    kernels::gelu_backward_kernel<C><<<grid(n * H4), 256, 0, stream()>>>(dA, a.h, dH, n * H4);
+    check_launch();
+    gemm(true, false, int(H4), int(D), int(n), 1.0f, dH, a.xn2, 1.0f, sc.grad(b.fc_w).data());
+    col_sums(dH, H4, sc.grad(b.fc_b).data());
+    float* dxn = dsmall_.data();
+    gemm(false, false, int(n), int(D), int(H4), 1.0f, dH, w.fc_w, 0.0f, dxn);
+    kernels::layernorm_backward_kernel<C><<<rows_grid(n), 256, 0, stream()>>>(
+        dxn, a.xmid, w.ln2_w, a.mean2, a.rstd2, dX, sc.grad(b.ln2_w).data(), sc.grad(b.ln2_b).data(), int(n), int(D));
+    check_launch();
+    // attention: xmid = x_l + y Wproj^T + bproj
+    to_c(dX, dXc, n * D);
+    gemm(true, false, int(D), int(D), int(n), 1.0f, dXc, a.y, 1.0f, sc.grad(b.proj_w).data());
+    col_sums(dX, D, sc.grad(b.proj_b).data());
+    float* dY = dsmall_.data();
+    gemm(false, false, int(n), int(D), int(D), 1.0f, dXc, w.proj_w, 0.0f, dY);
+    float* dQKV = big_.data();
+    TESSERA_CUDA(cudaMemsetAsync(dQKV, 0, n * 3 * D * sizeof(float), stream()));
+    {
+      const dim3 g(unsigned(T), unsigned(B * std::size_t(s_.heads)));
+      kernels::attention_backward_kernel<C><<<g, 128, (T + 32) * sizeof(float), stream()>>>(
+          dY, a.qkv, a.y, a.lse, dQKV, int(T), s_.heads, s_.head_dim());
+      check_launch();
+    }
+    C* dQKVc = big_c_.data();
+    to_c(dQKV, dQKVc, n * 3 * D);
+    gemm(true, false, int(3 * D), int(D), int(n), 1.0f, dQKVc, a.xn1, 1.0f, sc.grad(b.qkv_w).data());
+    col_sums(dQKV, 3 * D, sc.grad(b.qkv_b).data());
+    gemm(false, false, int(n), int(D), int(3 * D), 1.0f, dQKVc, w.qkv_w, 0.0f, dxn);
+    kernels::layernorm_backward_kernel<C><<<rows_grid(n), 256, 0, stream()>>>(
+        dxn, xin, w.ln1_w, a.mean1, a.rstd1, dX, sc.grad(b.ln1_w).data(), sc.grad(b.ln1_b).data(), int(n), int(D));
+    check_launch();
+    sc.reduce_grads();
+  }
+
+  // The final LayerNorm and the tied classifier over n rows, chunk by chunk:
+  // f(first row, rows) with the chunk's fp32 logits in z_.
+  template <class F>
+  void head(const C* E, std::size_t n, F&& f) {
+    const std::size_t D = std::size_t(s_.d), V = std::size_t(s_.vocab);
+    float* st = stats_.data() + stats_.size() - 2 * n_max_;
+    kernels::layernorm_kernel<C><<<rows_grid(n), 256, 0, stream()>>>(
+        x_.data() + std::size_t(s_.layers) * n_max_ * D, E + m_.slot(ids_.lnf_w).offset, E + m_.slot(ids_.lnf_b).offset,
+        xf_.data(), st, st + n_max_, int(n), int(D));
+    check_launch();
+    const std::size_t step = std::min(chunk_rows, n_max_);
+    for (std::size_t r0 = 0; r0 < n; r0 += step) {
+      const std::size_t rows = std::min(step, n - r0);
+      gemm(false, true, int(rows), int(V), int(D), 1.0f, xf_.data() + r0 * D, E + m_.slot(ids_.wte).offset,
+                          0.0f, z_.data());
+      f(r0, rows);
+    }
+  }
+
+  Wrapper& m_;
+  const model_ids& ids_;
+  model_shape s_;
+  net_options o_;
+  std::size_t n_max_;
+  double finished_ = 0;
+  dbuf<float> x_, stats_, lse_, qkv_, xmid_, h_, big_, dx_, dsmall_, z_;
+  dbuf<C> xn1_, y_, xn2_, xf_, act_, big_c_, dx_c_, dz_;
+  dbuf<std::uint16_t> tok_;
+  dbuf<double> loss_;
+  std::vector<std::uint16_t> host_tok_;
+};
+
+}  // namespace gpt

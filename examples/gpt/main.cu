@@ -1,0 +1,2 @@
+// tessera-gpt with the CUDA backend: nvcc compiles the same main (host and CUDA nets).
+#include "main.cpp"
