@@ -21,7 +21,6 @@ Prints one JSON line per step ({"step", "loss", "grad_norm", "lr", "ms",
 import argparse
 import json
 import math
-import struct
 import time
 
 import numpy as np
@@ -52,15 +51,13 @@ def scheduled_lr(t, lr, min_lr, warmup, steps):
 
 
 def load_safetensors(path):
-    raw = open(path, 'rb').read()
-    n = struct.unpack('<Q', raw[:8])[0]
-    header = json.loads(raw[8:8 + n])
-    meta = header.pop('__metadata__', {})
-    out = {}
-    for name, e in header.items():
-        b, end = e['data_offsets']
-        out[name] = torch.from_numpy(np.frombuffer(raw[8 + n + b:8 + n + end], dtype='<f4').reshape(e['shape']).copy())
-    return out, meta
+    """tessera-gpt's --dump-weights file: tensors and metadata (examples/gpt/numpy_forward.py reads it)."""
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'examples', 'gpt'))
+    from numpy_forward import load
+    w, meta = load(path)
+    return {k: torch.from_numpy(v.astype(np.float32)) for k, v in w.items()}, meta
 
 
 class GPT(torch.nn.Module):

@@ -15,24 +15,15 @@ attn.c_proj, blockL.fc -> mlp.c_fc, blockL.fc_proj -> mlp.c_proj; GPT-2's
 Conv1D stores [in, out], so every matrix is transposed."""
 import json
 import os
-import struct
 import sys
 
 import numpy as np
 
 
 def read_dump(path):
-    raw = open(path, 'rb').read()
-    n = struct.unpack('<Q', raw[:8])[0]
-    header = json.loads(raw[8:8 + n])
-    meta = header.pop('__metadata__', {})
-    out = {}
-    for name, e in header.items():
-        if e['dtype'] != 'F32':
-            raise ValueError(f'{path}: {name} is {e["dtype"]}, expected F32')
-        b, end = e['data_offsets']
-        out[name] = np.frombuffer(raw[8 + n + b:8 + n + end], dtype='<f4').reshape(e['shape'])
-    return out, meta
+    from safetensors import safe_open
+    with safe_open(path, 'np') as f:
+        return {name: f.get_tensor(name) for name in f.keys()}, f.metadata() or {}
 
 
 def read_checkpoint(path):

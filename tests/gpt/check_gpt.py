@@ -11,6 +11,7 @@
 Usage: check_gpt.py MPIEXEC TRAINER NUMPY_FORWARD TEXT_TO_SHARD"""
 import json
 import os
+import shutil
 import shlex
 import struct
 import subprocess
@@ -145,6 +146,7 @@ for args, part in cases:
     if not ok:
         failures.append(f'{args}: exit {res.returncode}, stderr {res.stderr!r}')
 
+shutil.rmtree(tmp, ignore_errors=True)
 if failures:
     sys.exit('FAIL:\n  ' + '\n  '.join(failures))
 print('all checks passed')

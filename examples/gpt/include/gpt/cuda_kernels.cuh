@@ -14,20 +14,14 @@
 #include <cstdint>
 
 #include "tessera/core/dtype.hpp"
+#include "trainer_kit/host_math.hpp"
 
 namespace gpt::kernels {
 
 using tessera::convert;
 
-__device__ inline float gelu(float x) {
-  const float k = 0.7978845608028654f;
-  return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
-}
-__device__ inline float gelu_grad(float x) {
-  const float k = 0.7978845608028654f;
-  const float t = tanhf(k * (x + 0.044715f * x * x * x));
-  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * k * (1.0f + 3.0f * 0.044715f * x * x);
-}
+using trainer_kit::gelu;
+using trainer_kit::gelu_grad;
 
 __device__ inline float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

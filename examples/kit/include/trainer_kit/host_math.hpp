@@ -1,20 +1,22 @@
 #pragma once
-// What the reference models' host nets share: the tanh GELU and its
-// derivative, and an fp32 view of a unit's compute weights.
+// What the reference models' nets share: the tanh GELU and its derivative
+// (host and device), and an fp32 view of a unit's compute weights.
 #include <cmath>
 #include <cstddef>
 #include <span>
 #include <type_traits>
 
+#include "tessera/core/config.hpp"
+
 namespace trainer_kit {
 
-inline float gelu(float x) {
+TESSERA_HOST_DEVICE inline float gelu(float x) {
   const float k = 0.7978845608028654f;
-  return 0.5f * x * (1.0f + std::tanh(k * (x + 0.044715f * x * x * x)));
+  return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
 }
-inline float gelu_grad(float x) {
+TESSERA_HOST_DEVICE inline float gelu_grad(float x) {
   const float k = 0.7978845608028654f;
-  const float t = std::tanh(k * (x + 0.044715f * x * x * x));
+  const float t = tanhf(k * (x + 0.044715f * x * x * x));
   return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * k * (1.0f + 3.0f * 0.044715f * x * x);
 }
 

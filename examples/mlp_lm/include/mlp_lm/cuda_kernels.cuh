@@ -17,6 +17,7 @@
 #include "mlp_lm/workspace.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/vec.hpp"
+#include "trainer_kit/host_math.hpp"
 
 namespace mlp_lm::gpu {
 
@@ -26,16 +27,9 @@ using tessera::store_vec;
 using tessera::vec;
 constexpr int vocab = 256;
 
-// The tanh form of GELU, as the host trainer and cuBLASLt's epilogue use.
-__device__ __forceinline__ float gelu(float x) {
-  const float k = 0.7978845608028654f;
-  return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
-}
-__device__ __forceinline__ float gelu_grad(float x) {
-  const float k = 0.7978845608028654f;
-  const float t = tanhf(k * (x + 0.044715f * x * x * x));
-  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * k * (1.0f + 3.0f * 0.044715f * x * x);
-}
+// The tanh form of GELU, as the host trainer and cuBLASLt's epilogue use (the trainer kit's).
+using trainer_kit::gelu;
+using trainer_kit::gelu_grad;
 
 //! Whether p allows 16-byte vector accesses (load_vec / store_vec).
 inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
