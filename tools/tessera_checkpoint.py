@@ -95,16 +95,28 @@ class Checkpoint:
         try:
             with open(where, "rb") as f:
                 index = json.loads(f.read().decode("utf-8"))
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, RecursionError) as e:
             raise CheckpointError(f"{where}: {e}") from None
+        # Any field of the wrong type or missing is one message, never a traceback.
+        try:
+            self._check_index(index, where)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError, OverflowError) as e:
+            raise CheckpointError(f"{where}: malformed index ({type(e).__name__}: {e})") from None
+        m = re.fullmatch(r"step-(\d+)", os.path.basename(os.path.normpath(self.path)))
+        if m and int(m.group(1)) != self.index["step"]:
+            raise CheckpointError(f"{where}: the directory {os.path.basename(os.path.normpath(self.path))} holds the "
+                                  f"index of step {self.index['step']} (moved or copied by hand?)")
+
+    def _check_index(self, index, where):
         if not isinstance(index, dict) or index.get("format") != FORMAT:
             raise CheckpointError(f"{where}: not a Tessera checkpoint index")
+        # The version first (the spec's order): another version may checksum its index another way.
+        if index.get("version") != VERSION:
+            raise CheckpointError(f"{where}: index version {index.get('version')!r}, this reader reads {VERSION}")
         if "index_checksum" in index:
             want = index.pop("index_checksum")
             if _hex(checksum64(_canonical(index))) != want:
                 raise CheckpointError(f"{where}: the index does not match its checksum (edited or damaged)")
-        if index.get("version") != VERSION:
-            raise CheckpointError(f"{where}: index version {index.get('version')!r}, this reader reads {VERSION}")
         self.index = index
         self.states = list(index["states"])
         world = index["world"]

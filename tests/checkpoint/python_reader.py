@@ -98,6 +98,48 @@ try:
     x['index_checksum'] = tc._hex(tc.checksum64(tc._canonical(x)))
     json.dump(x, open(os.path.join(d, 'index.json'), 'w'))
     refuses(d, 'an unknown format version (with a valid index checksum)')
+    d, x = copy()
+    x['version'] = 2  # the checksum left as it was: the version is named first
+    json.dump(x, open(os.path.join(d, 'index.json'), 'w'))
+    try:
+        tc.Checkpoint(d)
+        check(False, 'a version-2 index with a stale checksum is refused')
+    except tc.CheckpointError as e:
+        check('index version 2' in str(e), f'the Python reader names a version-2 index by its version ({e})')
+    cpp = subprocess.run([consolidate, d, os.path.join(work, 'x.safetensors')], capture_output=True, text=True)
+    check(cpp.returncode != 0 and 'index version 2' in cpp.stderr,
+          f'tessera-consolidate names a version-2 index by its version ({cpp.stderr.strip()[:200]})')
+    # A step-N directory holding another step's index (moved or copied by hand) is not taken for step N.
+    moved = os.path.join(work, 'moved')
+    shutil.rmtree(moved, ignore_errors=True)
+    shutil.copytree(src, os.path.join(moved, 'step-%09d' % (json.load(open(os.path.join(src, 'index.json')))['step'] + 7)))
+    refuses(moved, 'a step directory holding another step\'s index')
+    # Malformed indexes (checksum recomputed, so only the structure is wrong): one message each, no traceback.
+    for what, edit in [('tensors as a list', lambda x: x.__setitem__('tensors', [])),
+                       ('files as a number', lambda x: x.__setitem__('files', 3)),
+                       ('a piece without ranges', lambda x: next(iter(x['tensors'].values()))['pieces'][0].pop('ranges')),
+                       ('a shape of strings', lambda x: next(iter(x['tensors'].values())).__setitem__('shape', ['a'])),
+                       ('states as a number', lambda x: x.__setitem__('states', 5))]:
+        d, x = copy()
+        x.pop('index_checksum')
+        edit(x)
+        x['index_checksum'] = tc._hex(tc.checksum64(tc._canonical(x)))
+        json.dump(x, open(os.path.join(d, 'index.json'), 'w'))
+        try:
+            tc.Checkpoint(d)
+            check(False, f'a malformed index ({what}) is refused')
+        except tc.CheckpointError as e:
+            check(True, f'a malformed index ({what}): {str(e)[-90:]}')
+        except Exception as e:  # noqa: BLE001 - what the test is about
+            check(False, f'a malformed index ({what}) ends in a traceback: {type(e).__name__}: {e}')
+    d, _ = copy()
+    with open(os.path.join(d, 'index.json'), 'w') as f:
+        f.write('[' * 100000 + ']' * 100000)
+    try:
+        tc.Checkpoint(d)
+        check(False, 'a deeply nested index is refused')
+    except tc.CheckpointError:
+        check(True, 'a deeply nested index: one message')
     # The checksum's test vectors from the spec.
     vectors = {b'': '77f510d092b3e443', b'abc': '3dae02d52bfc73b6', bytes(range(100)): 'd6f0374caac6fcaa',
                b'The quick brown fox jumps over the lazy dog': 'a070861527ced667'}

@@ -331,7 +331,7 @@ load_result load(Opt& opt, const fs::path& dir) {
     if (!found) tessera::detail::fail("checkpoint: no complete checkpoint at or under '" + dir.string() + "'");
     res.path = *found;
     const std::string where = "checkpoint '" + res.path.string() + "'";
-    x = parse_index(read_small_file(res.path / index_name, std::uint64_t(1) << 30), where + " " + index_name);
+    x = read_index(res.path, where);
     // The model against the index, both ways.
     if (x.states != detail::state_names<Alg>())
       tessera::detail::fail(where + " holds optimizer '" + x.optimizer + "' state; this optimizer is '" +

@@ -62,7 +62,7 @@ inline void write_safetensors(const fs::path& path, const std::vector<tensor_out
 //! `ckpt`, checking sizes and checksums. Returns the number of tensors written.
 inline std::size_t consolidate(const fs::path& ckpt, const fs::path& out, bool with_states = false) {
   const std::string where = "checkpoint '" + ckpt.string() + "'";
-  const index_info x = parse_index(read_small_file(ckpt / index_name, std::uint64_t(1) << 30), where + " " + index_name);
+  const index_info x = read_index(ckpt, where);
   std::vector<tensor_out> outs;
   std::vector<std::pair<const std::string*, std::size_t>> what;  // tensor name, state
   for (const auto& [name, t] : x.tensors)

@@ -28,6 +28,19 @@ namespace tessera::checkpoint {
   return b;
 }
 
+//! The index of the checkpoint in `dir`, parsed and checked; `where` names
+//! it in errors. A step-N directory must hold the index of step N: one moved
+//! or copied by hand would otherwise pass for the newest checkpoint.
+[[nodiscard]] inline index_info read_index(const fs::path& dir, const std::string& where) {
+  index_info x = parse_index(read_small_file(dir / index_name, std::uint64_t(1) << 30), where + " " + index_name);
+  const std::string name = dir.filename().empty() ? dir.parent_path().filename().string() : dir.filename().string();
+  if (name.rfind("step-", 0) == 0 && name.size() > 5 &&
+      name.find_first_not_of("0123456789", 5) == std::string::npos && std::stol(name.substr(5)) != x.step)
+    tessera::detail::fail(where + ": the directory " + name + " holds the index of step " + std::to_string(x.step) +
+                          " (moved or copied by hand?)");
+  return x;
+}
+
 //! Complete checkpoints (a step-* directory holding an index) under root, oldest first.
 [[nodiscard]] inline std::vector<std::pair<long, fs::path>> complete_checkpoints(const fs::path& root) {
   std::vector<std::pair<long, fs::path>> out;

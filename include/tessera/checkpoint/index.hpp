@@ -134,6 +134,11 @@ inline index_info parse_index(std::string_view text, const std::string& what) {
   auto j = parse_json(text, what);
   if (!j.is_object() || get_str(j, "format", what) != "tessera-checkpoint")
     tessera::detail::fail(what + ": not a tessera checkpoint index");
+  // The version first (the spec's order): another version may checksum its
+  // index another way, so it is named as a version, not reported as damage.
+  if (get_u64(j, "version", what) != index_version)
+    tessera::detail::fail(what + ": index version " + std::to_string(get_u64(j, "version", what)) + ", this build reads " +
+                          std::to_string(index_version));
   // The whole index (the trainer's extra fields included) is covered by its
   // checksum; indexes written before it existed have none and are read as they are.
   if (j.contains("index_checksum")) {
@@ -142,9 +147,6 @@ inline index_info parse_index(std::string_view text, const std::string& what) {
     if (index_checksum(j) != want)
       tessera::detail::fail(what + ": the index does not match its checksum (edited or damaged)");
   }
-  if (get_u64(j, "version", what) != index_version)
-    tessera::detail::fail(what + ": index version " + std::to_string(get_u64(j, "version", what)) + ", this build reads " +
-                          std::to_string(index_version));
   index_info x;
   x.step = long(get_u64(j, "step", what));
   x.world = int(get_u64(j, "world", what, 1 << 24));
