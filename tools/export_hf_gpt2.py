@@ -58,7 +58,9 @@ def export(weights, meta, out_dir):
     config = {'architectures': ['GPT2LMHeadModel'], 'model_type': 'gpt2', 'vocab_size': V, 'n_positions': P,
               'n_ctx': P, 'n_embd': d, 'n_layer': L, 'n_head': H, 'n_inner': None,
               'activation_function': 'gelu_new', 'layer_norm_epsilon': 1e-5, 'resid_pdrop': 0.0,
-              'embd_pdrop': 0.0, 'attn_pdrop': 0.0, 'tie_word_embeddings': True, 'torch_dtype': 'float32'}
+              'embd_pdrop': 0.0, 'attn_pdrop': 0.0, 'tie_word_embeddings': True, 'torch_dtype': 'float32',
+              # GPT-2's end-of-text token where the vocabulary has it; a byte-level vocabulary's last byte else
+              'bos_token_id': min(50256, V - 1), 'eos_token_id': min(50256, V - 1)}
     with open(os.path.join(out_dir, 'config.json'), 'w') as f:
         json.dump(config, f, indent=2)
 
