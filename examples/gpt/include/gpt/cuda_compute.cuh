@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "gpt/cuda_kernels.cuh"
+#include "gpt/data.hpp"
 #include "gpt/host_compute.hpp"
 #include "gpt/model.hpp"
 #include "tessera/backend/cuda/blas.hpp"
@@ -162,11 +163,7 @@ private:
   // Inputs and next-token targets of B sequences of T + 1 tokens, to the device.
   void upload(const std::uint16_t* seqs, std::size_t B, std::size_t T) {
     host_tok_.assign(2 * n_max_, 0);
-    for (std::size_t b = 0; b < B; ++b)
-      for (std::size_t t = 0; t < T; ++t) {
-        host_tok_[b * T + t] = seqs[b * (T + 1) + t];
-        host_tok_[n_max_ + b * T + t] = seqs[b * (T + 1) + t + 1];
-      }
+    split_sequences(seqs, B, T, host_tok_.data(), host_tok_.data() + n_max_);
     TESSERA_CUDA(cudaMemcpyAsync(tok_.data(), host_tok_.data(), host_tok_.size() * sizeof(std::uint16_t),
                                  cudaMemcpyHostToDevice, stream()));
     TESSERA_CUDA(cudaStreamSynchronize(stream()));  // host_tok_ is reused by the next call
@@ -183,14 +180,8 @@ private:
             xmid_.data() + k * n * D, h_.data() + k * 4 * n * D, xn1_.data() + k * n * D, y_.data() + k * n * D,
             xn2_.data() + k * n * D};
   }
-  struct block_weights {
-    const C *ln1_w, *ln1_b, *qkv_w, *qkv_b, *proj_w, *proj_b, *ln2_w, *ln2_b, *fc_w, *fc_b, *fc_proj_w, *fc_proj_b;
-  };
-  block_weights weights_of(const block_ids& b, const C* w) const {
-    auto at = [&](tessera::param_id p) { return w + m_.slot(p).offset; };
-    return {at(b.ln1_w), at(b.ln1_b), at(b.qkv_w), at(b.qkv_b), at(b.proj_w), at(b.proj_b),
-            at(b.ln2_w), at(b.ln2_b), at(b.fc_w), at(b.fc_b), at(b.fc_proj_w), at(b.fc_proj_b)};
-  }
+  using block_weights = gpt::block_weights<C>;
+  block_weights weights_of(const block_ids& b, const C* w) const { return gpt::weights_of(m_, b, w); }
 
   void forward_blocks(const C* E, std::size_t B, std::size_t T) {
     const std::size_t n = B * T, D = std::size_t(s_.d);

@@ -106,6 +106,17 @@ inline std::vector<std::string> default_text_files() {
   return out;
 }
 
+//! B sequences of T + 1 tokens as the nets take them: inputs[b T + t] and
+//! the next-token targets[b T + t].
+inline void split_sequences(const std::uint16_t* seqs, std::size_t B, std::size_t T, std::uint16_t* inputs,
+                            std::uint16_t* targets) {
+  for (std::size_t b = 0; b < B; ++b)
+    for (std::size_t t = 0; t < T; ++t) {
+      inputs[b * T + t] = seqs[b * (T + 1) + t];
+      targets[b * T + t] = seqs[b * (T + 1) + t + 1];
+    }
+}
+
 //! Every file of a run's data, and its batches (see the file comment).
 class corpus {
 public:

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "gpt/data.hpp"
 #include "gpt/host_kernels.hpp"
 #include "gpt/model.hpp"
 #include "tessera/backend/host/blas.hpp"
@@ -167,21 +168,10 @@ private:
     a.h = p;
     return a;
   }
-  struct block_weights {
-    const float *ln1_w, *ln1_b, *qkv_w, *qkv_b, *proj_w, *proj_b, *ln2_w, *ln2_b, *fc_w, *fc_b, *fc_proj_w, *fc_proj_b;
-  };
-  block_weights weights_of(const block_ids& b, const float* w) const {
-    auto at = [&](tessera::param_id p) { return w + m_.slot(p).offset; };
-    return {at(b.ln1_w), at(b.ln1_b), at(b.qkv_w), at(b.qkv_b), at(b.proj_w), at(b.proj_b),
-            at(b.ln2_w), at(b.ln2_b), at(b.fc_w), at(b.fc_b), at(b.fc_proj_w), at(b.fc_proj_b)};
-  }
-
+  using block_weights = gpt::block_weights<float>;
+  block_weights weights_of(const block_ids& b, const float* w) const { return gpt::weights_of(m_, b, w); }
   void split(const std::uint16_t* seqs, std::size_t B, std::size_t T) {
-    for (std::size_t b = 0; b < B; ++b)
-      for (std::size_t t = 0; t < T; ++t) {
-        inputs_[b * T + t] = seqs[b * (T + 1) + t];
-        targets_[b * T + t] = seqs[b * (T + 1) + t + 1];
-      }
+    split_sequences(seqs, B, T, inputs_.data(), targets_.data());
   }
 
   // Embedding lookup and every block's forward (inputs_ holds B x T tokens).

@@ -74,6 +74,19 @@ struct model_ids {
   std::vector<block_ids> blocks;
 };
 
+//! One block's parameters as pointers into its gathered unit `w` (either net,
+//! either element type).
+template <class T>
+struct block_weights {
+  const T *ln1_w, *ln1_b, *qkv_w, *qkv_b, *proj_w, *proj_b, *ln2_w, *ln2_b, *fc_w, *fc_b, *fc_proj_w, *fc_proj_b;
+};
+template <class T, class Wrapper>
+block_weights<T> weights_of(const Wrapper& m, const block_ids& b, const T* w) {
+  auto at = [&](tessera::param_id p) { return w + m.slot(p).offset; };
+  return {at(b.ln1_w), at(b.ln1_b), at(b.qkv_w), at(b.qkv_b), at(b.proj_w), at(b.proj_b),
+          at(b.ln2_w), at(b.ln2_b), at(b.fc_w), at(b.fc_b), at(b.fc_proj_w), at(b.fc_proj_b)};
+}
+
 //! Registers the model. Weight decay on 2-D weights only (matrices and the
 //! two tables), as GPT-2 / nanoGPT train it.
 template <class Wrapper>
