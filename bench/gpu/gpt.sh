@@ -7,16 +7,30 @@
 #    the same batches: the first $TESSERA_GPT_STEPS (50) losses, fp32 and bf16;
 #  - the way out: tools/export_hf_gpt2.py's directory loads in transformers'
 #    GPT2LMHeadModel and gives the trainer's validation loss (tests/gpt/check_hf.py);
-#  - where it stands: GPT-2 124M, bf16, batch $TESSERA_GPT_BATCH (8) x 1024,
-#    beside PyTorch eager (SDPA) in the same call.
+#  - kernels: tests/cuda/test_gpt_kernels_cuda.cu (attention, LayerNorm,
+#    cross-entropy, embeddings against float64);
+#  - speed: each "model:batch" of $TESSERA_GPT_SIZES (default gpt2:8), bf16,
+#    seq 1024, beside PyTorch eager (SDPA) and, with TESSERA_GPT_COMPILE=1,
+#    torch.compile in the same call (bench/gpt_speed_summary.py prints the
+#    ratios); $TESSERA_GPT_FLAGS adds trainer flags (e.g. --recompute);
+#  - profile: the last step of $TESSERA_GPT_PROFILE (gpt2:8) under ncu, every
+#    kernel alone, summed by class (bench/ncu_step_summary.py).
 # Text: $TESSERA_GPT_TEXT, a plain-text English file (the machine has no
 # fortunes package: carry one).
-# TESSERA_GPT_PARTS="curves torch hf speed" picks parts.
+# TESSERA_GPT_PARTS="kernels curves torch hf speed profile" picks parts.
 gpt_text=${TESSERA_GPT_TEXT:-}
-gpt_parts=${TESSERA_GPT_PARTS:-curves torch hf speed}
+gpt_parts=${TESSERA_GPT_PARTS:-kernels curves torch hf speed}
 if [ -z "$gpt_text" ] || [ ! -f "$gpt_text" ]; then
   log "FAIL gpt: TESSERA_GPT_TEXT names no file"; status=1
 else
+  if [[ " $gpt_parts " == *" kernels "* ]]; then
+    if "$bin/test-gpt-kernels-cuda" >"$LOGS/gpt-kernels.log" 2>&1; then
+      log "PASS gpt kernels vs float64"
+    else
+      log "FAIL gpt kernels vs float64"; tail -20 "$LOGS/gpt-kernels.log"; status=1
+    fi
+    grep -E '^attention' "$LOGS/gpt-kernels.log" | tee -a "$OUT/summary.txt"
+  fi
   if [[ " $gpt_parts " == *" curves "* ]]; then
     if bash tests/gpt/cuda_curves.sh "$bin/tessera-gpt" mpirun "$gpt_text" >"$LOGS/gpt-curves.log" 2>&1; then
       log "PASS gpt curves"
@@ -44,21 +58,36 @@ else
     fi
   fi
   if [[ " $gpt_parts " == *" speed "* ]]; then
-    b=${TESSERA_GPT_BATCH:-8}
-    log "gpt2 124M, bf16, batch $b x 1024: tessera-gpt (one rank) beside PyTorch eager (SDPA)"
-    timeout 300 "$bin/tessera-gpt" --backend cuda --model gpt2 --precision bf16 --batch $b --steps 8 --log-every 1 \
-      --data "$gpt_text" --text --json >"$OUT/gpt-124m-tessera.json" 2>"$LOGS/gpt-124m-tessera.err" || status=1
-    timeout 300 python3 bench/torch_gpt2.py --model gpt2 --precision bf16 --batch $b --seq 1024 --steps 12 \
-      >"$OUT/gpt-124m-torch.json" 2>"$LOGS/gpt-124m-torch.err" || status=1
-    python3 - "$OUT/gpt-124m-tessera.json" "$OUT/gpt-124m-torch.json" <<'PY' | tee -a "$OUT/summary.txt"
-import json, sys
-def summary(p):
-    rows = [json.loads(l) for l in open(p) if l.startswith('{')]
-    return [r for r in rows if r.get('summary')][-1] if any(r.get('summary') for r in rows) else {}
-t, p = summary(sys.argv[1]), summary(sys.argv[2])
-tt, pt = t.get('tokens_per_s', 0), p.get('tokens_per_s', 0)
-print(f"tessera-gpt {tt:.0f} tokens/s, peak {t.get('peak_bytes', 0) / 2**30:.2f} GiB (library buffers); "
-      f"PyTorch eager {pt:.0f} tokens/s, peak {p.get('peak_bytes', 0) / 2**30:.2f} GiB; ratio {tt / pt if pt else 0:.3f}")
-PY
+    # Each size at its batch, tessera-gpt then PyTorch eager and (TESSERA_GPT_COMPILE=1) torch.compile,
+    # all on random tokens (the speed issue's setting), in this one call.
+    for spec in ${TESSERA_GPT_SIZES:-gpt2:8}; do
+      model=${spec%%:*} b=${spec##*:}
+      log "$model, bf16, batch $b x 1024: tessera-gpt (one rank) beside PyTorch (SDPA) ${TESSERA_GPT_FLAGS:-}"
+      timeout 300 "$bin/tessera-gpt" --backend cuda --model $model --precision bf16 --batch $b --steps ${TESSERA_GPT_SPEED_STEPS:-12} \
+        --log-every 1 --json --data "$gpt_text" --text ${TESSERA_GPT_FLAGS:-} >"$OUT/gpt-$model-b$b-tessera.json" 2>"$LOGS/gpt-$model-b$b-tessera.err" || status=1
+      timeout 300 python3 bench/torch_gpt2.py --model $model --precision bf16 --batch $b --seq 1024 --steps 12 \
+        >"$OUT/gpt-$model-b$b-torch.json" 2>"$LOGS/gpt-$model-b$b-torch.err" || status=1
+      peers="$OUT/gpt-$model-b$b-torch.json"
+      if [ "${TESSERA_GPT_COMPILE:-0}" = 1 ]; then
+        timeout 400 python3 bench/torch_gpt2.py --model $model --precision bf16 --batch $b --seq 1024 --steps 30 --compile \
+          >"$OUT/gpt-$model-b$b-compile.json" 2>"$LOGS/gpt-$model-b$b-compile.err" || status=1
+        peers="$peers $OUT/gpt-$model-b$b-compile.json"
+      fi
+      python3 bench/gpt_speed_summary.py "$OUT/gpt-$model-b$b-tessera.json" $peers | tee -a "$OUT/summary.txt"
+    done
+  fi
+  if [[ " $gpt_parts " == *" profile "* ]]; then
+    # One step of tessera-gpt (the last, an NVTX range) under Nsight Compute, every kernel timed alone.
+    model=${TESSERA_GPT_PROFILE:-gpt2:8}
+    b=${model##*:} model=${model%%:*}
+    if ncu --nvtx --nvtx-include "tessera-step/" --clock-control none --metrics gpu__time_duration.sum --csv \
+         "$bin/tessera-gpt" --backend cuda --model $model --precision bf16 --batch $b --steps 2 --data "$gpt_text" --text \
+         >"$OUT/profile-gpt-$model.csv" 2>"$LOGS/profile-gpt-$model.err"; then
+      python3 bench/ncu_step_summary.py "$OUT/profile-gpt-$model.csv" >"$OUT/profile-gpt-$model.txt" 2>&1
+      log "gpt profile $model: $(grep -i 'total' "$OUT/profile-gpt-$model.txt" | head -1)"
+      tail -25 "$OUT/profile-gpt-$model.txt" | tee -a "$OUT/summary.txt"
+    else
+      log "FAIL gpt profile"; tail -5 "$LOGS/profile-gpt-$model.err"; status=1
+    fi
   fi
 fi

@@ -139,11 +139,11 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, const data
   if (talk && !o.json)
     std::printf("tessera-gpt: backend %s, %s / %s / %s, %d rank%s, %zu parameters (%d layers, %d heads, d %d, seq %d, "
                 "vocab %d padded to %d), %.0f tokens per step, data %zu file%s of %zu tokens, weights initialised in "
-                "%.2f s, estimated memory %s MiB per rank\n",
+                "%.2f s, attention %s, estimated memory %s MiB per rank\n",
                 Net<Wrapper>::backend_name, std::string(Cfg::wrapper::name).c_str(), std::string(Cfg::strategy::name).c_str(),
                 o.precision.c_str(), N, N == 1 ? "" : "s", shape.params(), shape.layers, shape.heads, shape.d, shape.seq,
                 shape.vocab, shape.padded_vocab(), global_tokens, data.files(), data.files() == 1 ? "" : "s",
-                data.tokens(), init_s, trainer_kit::mib(est).c_str());
+                data.tokens(), init_s, net.attention_name(), trainer_kit::mib(est).c_str());
 
   using clock = std::chrono::steady_clock;
   double final_loss = 0, val_loss = -1, total_s = 0;
@@ -151,6 +151,9 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, const data
   for (long step = first_step; step < o.steps; ++step) {
     trainer_kit::fault_hook(r, step);
     const auto t0 = clock::now();
+    // The last step is a profiler range where the net has one (CUDA: NVTX "tessera-step").
+    const bool marked = step + 1 == o.steps;
+    if constexpr (requires { net.begin_range(); }) if (marked) net.begin_range();
     for (int k = 0; k < o.accum; ++k) {
       model.begin_micro_batch(k, o.accum);
       sample(step, k);
@@ -158,6 +161,7 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, const data
     }
     net.finish_loss();
     const step_result res = opt.step().get();
+    if constexpr (requires { net.end_range(); }) if (marked) net.end_range();
     double loss = net.take_loss();
     comm::all_reduce(world, std::span<double>(&loss, 1), comm::reduce_op::sum);
     loss /= global_tokens;
@@ -243,7 +247,7 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, const data
                      {"strategy", Cfg::strategy::name}, {"wrapper", Cfg::wrapper::name}, {"precision", o.precision},
                      {"backend", Net<Wrapper>::backend_name}, {"steps", o.steps}, {"tokens_per_s", tps},
                      {"tflops", shape.flops_per_token() * tps / 1e12}, {"peak_bytes", peak}, {"estimated_bytes", est},
-                     {"init_s", init_s}};
+                     {"init_s", init_s}, {"attention", net.attention_name()}};
     if (val_loss >= 0) j["val_loss"] = val_loss;
     if (o.json) std::printf("%s\n", j.dump().c_str());
     else

@@ -4,8 +4,8 @@
 // or bf16) with fp32 outputs, cuda_kernels.cuh for the rest. The residual
 // stream, GEMM outputs and LayerNorm statistics are fp32; the classifier
 // runs in chunks of rows, so the fp32 logits of the whole batch are never in
-// memory. Correct first: the speed issue (fused epilogues, a flash attention,
-// step graphs) builds on it.
+// memory. Attention is cuda_flash.cuh's tensor-core kernels in bf16 and the
+// exact kernels of cuda_kernels.cuh in fp32.
 #include <algorithm>
 #include <cstdint>
 #include <span>
@@ -13,6 +13,9 @@
 #include <utility>
 #include <vector>
 
+#include <nvtx3/nvToolsExt.h>
+
+#include "gpt/cuda_flash.cuh"
 #include "gpt/cuda_kernels.cuh"
 #include "gpt/data.hpp"
 #include "gpt/host_compute.hpp"
@@ -36,7 +39,7 @@ public:
 
   cuda_gpt(Wrapper& m, const model_ids& ids, const model_shape& s, int batch, net_options o = {})
       : m_(m), ids_(ids), s_(s), o_(o), n_max_(std::size_t(batch) * std::size_t(s.seq)) {
-    TESSERA_CHECK(s.seq <= 8192, "the CUDA attention keeps a row of scores in shared memory: --seq at most 8192");
+    TESSERA_CHECK(flash_ || s.seq <= 8192, "the exact CUDA attention keeps a row of scores in shared memory: --seq at most 8192");
     const std::size_t n = n_max_, D = std::size_t(s.d), L = std::size_t(s.layers), slots = o.recompute ? 1 : L;
     x_ = dbuf<float>((L + 1) * n * D);
     stats_ = dbuf<float>(slots * 4 * n + 2 * n);  // per block: mean, rstd of both LayerNorms; then the final one's
@@ -55,7 +58,15 @@ public:
     dz_ = dbuf<C>(rows * std::size_t(s.vocab));
     tok_ = dbuf<std::uint16_t>(2 * n);
     loss_ = dbuf<double>(1);
+    if (flash_) dvec_ = dbuf<float>(n * std::size_t(s.heads));
     TESSERA_CUDA(cudaMemsetAsync(loss_.data(), 0, sizeof(double), stream()));
+  }
+
+  //! Which attention kernels run: the flash kernels on tensor cores (bf16 compute, head
+  //! dimension 64, sm_80 or newer), else the exact fp32 ones (cuda_kernels.cuh).
+  [[nodiscard]] const char* attention_name() const { return flash_ ? "flash (bf16 tensor cores)" : "exact (fp32, a row per block)"; }
+  [[nodiscard]] static bool uses_flash(const model_shape& s) {
+    return !std::is_same_v<C, float> && s.head_dim() == flash::head_dim && flash::supported();
   }
 
   //! Device bytes this class holds, for the memory estimate.
@@ -65,7 +76,7 @@ public:
     return sizeof(float) * ((L + 1) * n * D + slots * 4 * n + 2 * n + slots * n * std::size_t(s.heads) +
                             slots * 3 * n * D + slots * n * D + slots * 4 * n * D + 4 * n * D + 2 * n * D + rows * V) +
            sizeof(C) * (3 * slots * n * D + n * D + 4 * n * D + 3 * n * D + n * D + rows * V) +
-           sizeof(std::uint16_t) * 2 * n + sizeof(double);
+           sizeof(std::uint16_t) * 2 * n + sizeof(double) + (uses_flash(s) ? sizeof(float) * n * std::size_t(s.heads) : 0);
   }
 
   void forward_backward(const std::uint16_t* seqs, int batch, double global_tokens) {
@@ -146,6 +157,10 @@ public:
   }
   [[nodiscard]] double take_loss() const { return finished_; }
 
+  //! One step as the NVTX range "tessera-step": ncu --nvtx --nvtx-include "tessera-step/".
+  void begin_range() { nvtxRangePushA("tessera-step"); }
+  void end_range() { nvtxRangePop(); }
+
 private:
   static cudaStream_t stream() { return tessera::cuda::current_stream(); }
   // Every product: fp32 accumulation, and strict fp32 (no TF32) for fp32
@@ -196,6 +211,11 @@ private:
   }
 
   void attention(const slot& a, std::size_t B, std::size_t T) {
+    if (flash_) {
+      flash::forward<C>(a.qkv, a.y, a.lse, int(B), int(T), s_.heads, stream());
+      check_launch();
+      return;
+    }
     const dim3 g(unsigned(T), unsigned(B * std::size_t(s_.heads)));
     const std::size_t smem = (T + 32) * sizeof(float);
     kernels::attention_kernel<C><<<g, 128, smem, stream()>>>(a.qkv, a.y, a.lse, int(T), s_.heads, s_.head_dim());
@@ -274,7 +294,10 @@ private:
     gemm(false, false, int(n), int(D), int(D), 1.0f, dXc, w.proj_w, 0.0f, dY);
     float* dQKV = big_.data();
     TESSERA_CUDA(cudaMemsetAsync(dQKV, 0, n * 3 * D * sizeof(float), stream()));
-    {
+    if (flash_) {
+      flash::backward<C>(dY, a.qkv, a.y, a.lse, dvec_.data(), dQKV, int(B), int(T), s_.heads, stream());
+      check_launch();
+    } else {
       const dim3 g(unsigned(T), unsigned(B * std::size_t(s_.heads)));
       kernels::attention_backward_kernel<C><<<g, 128, (T + 32) * sizeof(float), stream()>>>(
           dY, a.qkv, a.y, a.lse, dQKV, int(T), s_.heads, s_.head_dim());
@@ -314,9 +337,10 @@ private:
   const model_ids& ids_;
   model_shape s_;
   net_options o_;
+  bool flash_ = uses_flash(s_);
   std::size_t n_max_;
   double finished_ = 0;
-  dbuf<float> x_, stats_, lse_, qkv_, xmid_, h_, big_, dx_, dsmall_, z_;
+  dbuf<float> x_, stats_, lse_, qkv_, xmid_, h_, big_, dx_, dsmall_, z_, dvec_;
   dbuf<C> xn1_, y_, xn2_, xf_, act_, big_c_, dx_c_, dz_;
   dbuf<std::uint16_t> tok_;
   dbuf<double> loss_;

@@ -1,0 +1,335 @@
+#pragma once
+// Causal attention on tensor cores, flash style (Dao, FlashAttention-2): the
+// T x T scores are never in memory. Forward: a block of 4 warps takes 64
+// query rows of one (sequence, head), each warp 16 rows, and walks the key
+// tiles up to its diagonal with an online softmax; the scores, the
+// probabilities and the output live in mma.sync registers. Backward: a block
+// takes 64 keys, walks the query tiles from its diagonal down, keeps dK and
+// dV in registers and adds dQ into fp32 memory with atomics.
+//
+// Operands are rounded to bf16 (q, k, v, dO, P, dS) and every product
+// accumulates in fp32, as cuDNN's and PyTorch's bf16 attention do; the fp32
+// trainer keeps the exact kernels of cuda_kernels.cuh. Head dimension 64
+// (every GPT-2 size); a tile holds 64 rows, a sequence of any length (rows
+// past it read as zero and are never written). mma.sync.m16n8k16 needs
+// sm_80; on older targets the kernels compile to nothing and supported()
+// says no.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "tessera/core/dtype.hpp"
+
+namespace gpt::flash {
+
+inline constexpr int head_dim = 64;
+inline constexpr int tile = 64;   // rows of a query or key tile
+inline constexpr int pitch = 72;  // bf16 per shared-memory row: 64 + 8 keeps fragment loads off one bank
+inline constexpr int threads = 128;
+using bf16 = __nv_bfloat16;
+
+//! Shared memory of the backward kernel: six bf16 tiles and two rows of 64 floats.
+inline constexpr std::size_t backward_smem = 6 * std::size_t(tile) * pitch * sizeof(bf16) + 2 * tile * sizeof(float);
+
+namespace detail {
+
+__device__ inline std::uint32_t pack(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const std::uint32_t*>(&v);
+}
+__device__ inline std::uint32_t ld32(const bf16* p) { return *reinterpret_cast<const std::uint32_t*>(p); }
+
+// c += a b for a 16x16 bf16 A fragment and a 16x8 B fragment (fp32 accumulate).
+__device__ inline void mma(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// B fragment k-pair at row n of a [n][k] tile (k contiguous), k-step ks: the two registers.
+__device__ inline void mma_tile(float (&c)[4], const std::uint32_t (&a)[4], const bf16* tile_nk, int n, int k) {
+  mma(c, a, ld32(tile_nk + n * pitch + k), ld32(tile_nk + n * pitch + k + 8));
+}
+
+// The 16x16 A fragment of columns [16 j, 16 j + 16) of a warp's 16 x 64 fp32
+// accumulators (8 tiles of 16x8): the C layout of two neighbouring tiles is
+// the A layout.
+__device__ inline void to_a(const float (&c)[8][4], int j, std::uint32_t (&a)[4]) {
+  a[0] = pack(c[2 * j][0], c[2 * j][1]);
+  a[1] = pack(c[2 * j][2], c[2 * j][3]);
+  a[2] = pack(c[2 * j + 1][0], c[2 * j + 1][1]);
+  a[3] = pack(c[2 * j + 1][2], c[2 * j + 1][3]);
+}
+
+// A fragments (16 rows x 64 columns) straight from fp32 rows r0..r0+15 of a
+// matrix with row stride `stride`; rows >= T read as zero.
+__device__ inline void load_a(const float* src, std::size_t stride, int r0, int T, std::uint32_t (&a)[4][4]) {
+  const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+  auto pair = [&](int r, int c) -> std::uint32_t {
+    if (r >= T) return 0u;
+    const float2 v = *reinterpret_cast<const float2*>(src + std::size_t(r) * stride + std::size_t(c));
+    return pack(v.x, v.y);
+  };
+  for (int ks = 0; ks < 4; ++ks) {
+    const int c = ks * 16 + 2 * t;
+    a[ks][0] = pair(r0 + g, c);
+    a[ks][1] = pair(r0 + g + 8, c);
+    a[ks][2] = pair(r0 + g, c + 8);
+    a[ks][3] = pair(r0 + g + 8, c + 8);
+  }
+}
+
+// Rows [r0, r0 + 64) x 64 columns of an fp32 matrix (row stride `stride`) into
+// shared memory as bf16: as they are ([row][col], where rows is given) and/or
+// transposed ([col][row], where cols is given); rows >= T are zero.
+__device__ inline void load_tile(const float* src, std::size_t stride, int r0, int T, bf16* rows, bf16* cols) {
+  for (int k = int(threadIdx.x); k < tile * head_dim / 4; k += int(blockDim.x)) {
+    const int r = k / (head_dim / 4), c = (k % (head_dim / 4)) * 4;
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (r0 + r < T) v = *reinterpret_cast<const float4*>(src + std::size_t(r0 + r) * stride + std::size_t(c));
+    if (rows) {
+      *reinterpret_cast<__nv_bfloat162*>(rows + r * pitch + c) = __floats2bfloat162_rn(v.x, v.y);
+      *reinterpret_cast<__nv_bfloat162*>(rows + r * pitch + c + 2) = __floats2bfloat162_rn(v.z, v.w);
+    }
+    if (cols) {
+      cols[(c + 0) * pitch + r] = __float2bfloat16_rn(v.x);
+      cols[(c + 1) * pitch + r] = __float2bfloat16_rn(v.y);
+      cols[(c + 2) * pitch + r] = __float2bfloat16_rn(v.z);
+      cols[(c + 3) * pitch + r] = __float2bfloat16_rn(v.w);
+    }
+  }
+}
+
+__device__ inline float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ inline float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+inline constexpr float log2e = 1.4426950408889634f;
+
+}  // namespace detail
+
+//! y = softmax(q k^T scale, causal) v and the rows' natural log-sum-exp,
+//! grid (query tiles, B x H), 128 threads. qkv rows [q | k | v] of 3 H 64
+//! floats; y rows of H 64 in C; lse[(b T + i) H + h].
+template <class C>
+__global__ void __launch_bounds__(threads) forward_kernel(const float* qkv, C* y, float* lse, int T, int H, float scale) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  using namespace detail;
+  __shared__ __align__(16) bf16 ks[tile * pitch];  // keys [key][dim]
+  __shared__ __align__(16) bf16 vt[tile * pitch];  // values transposed [dim][key]
+  const int qt = int(gridDim.x) - 1 - int(blockIdx.x);  // the longest rows first
+  const int b = int(blockIdx.y) / H, h = int(blockIdx.y) % H, d = H * head_dim;
+  const std::size_t row = 3 * std::size_t(d);
+  const int warp = int(threadIdx.x) >> 5, g = (int(threadIdx.x) & 31) >> 2, t = int(threadIdx.x) & 3;
+  const float* base = qkv + std::size_t(b) * std::size_t(T) * row + std::size_t(h) * head_dim;
+  const int r0 = qt * tile + warp * 16, rows[2] = {r0 + g, r0 + g + 8};
+  std::uint32_t qa[4][4];
+  load_a(base, row, r0, T, qa);
+  const float sl2 = scale * log2e;  // scores in the log2 domain: exp2f
+  float o[8][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  for (int kt = 0; kt <= qt; ++kt) {
+    __syncthreads();  // the previous tile is read by every warp
+    load_tile(base + d, row, kt * tile, T, ks, nullptr);
+    load_tile(base + 2 * d, row, kt * tile, T, nullptr, vt);
+    __syncthreads();
+    float s[8][4] = {};
+    for (int nt = 0; nt < 8; ++nt)
+      for (int kk = 0; kk < 4; ++kk) mma_tile(s[nt], qa[kk], ks, nt * 8 + g, kk * 16 + 2 * t);
+    float mx[2] = {-INFINITY, -INFINITY};
+    for (int nt = 0; nt < 8; ++nt)
+      for (int e = 0; e < 4; ++e) {
+        float v = s[nt][e] * sl2;
+        if (kt == qt && kt * tile + nt * 8 + 2 * t + (e & 1) > rows[e >> 1]) v = -INFINITY;  // the future
+        s[nt][e] = v;
+        mx[e >> 1] = fmaxf(mx[e >> 1], v);
+      }
+    float alpha[2];
+    for (int i = 0; i < 2; ++i) {
+      // Key 0 is in the first tile of every row, so m is finite from then on.
+      const float mn = fmaxf(m[i], quad_max(mx[i]));
+      alpha[i] = exp2f(m[i] - mn);
+      m[i] = mn;
+      l[i] *= alpha[i];
+    }
+    for (int nt = 0; nt < 8; ++nt)
+      for (int e = 0; e < 4; ++e) {
+        o[nt][e] *= alpha[e >> 1];
+        const float p = exp2f(s[nt][e] - m[e >> 1]);
+        s[nt][e] = p;
+        l[e >> 1] += p;
+      }
+    for (int j = 0; j < 4; ++j) {
+      std::uint32_t pa[4];
+      to_a(s, j, pa);
+      for (int nt = 0; nt < 8; ++nt) mma_tile(o[nt], pa, vt, nt * 8 + g, j * 16 + 2 * t);
+    }
+  }
+  for (int i = 0; i < 2; ++i) {
+    const float sum = quad_sum(l[i]);
+    const int r = rows[i];
+    if (r >= T) continue;
+    const float inv = 1.0f / sum;
+    C* out = y + (std::size_t(b) * std::size_t(T) + std::size_t(r)) * std::size_t(d) + std::size_t(h) * head_dim;
+    for (int nt = 0; nt < 8; ++nt) {
+      out[nt * 8 + 2 * t] = tessera::convert<C>(o[nt][2 * i] * inv);
+      out[nt * 8 + 2 * t + 1] = tessera::convert<C>(o[nt][2 * i + 1] * inv);
+    }
+    if (t == 0) lse[(std::size_t(b) * std::size_t(T) + std::size_t(r)) * std::size_t(H) + std::size_t(h)] = (m[i] + log2f(sum)) / log2e;
+  }
+#else
+  __trap();  // built for a target without bf16 mma: never silently zero
+#endif
+}
+
+//! D[(b T + i) H + h] = dy_i . y_i over the head's 64 columns: a warp per (row, head).
+template <class C>
+__global__ void row_dot_kernel(const float* dy, const C* y, float* D, std::size_t rows_heads) {
+  const std::size_t w = (std::size_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int lane = int(threadIdx.x) & 31;
+  if (w >= rows_heads) return;
+  const std::size_t off = w * head_dim;  // (row H + h) 64 = row d + h 64
+  float s = dy[off + lane] * float(y[off + lane]) + dy[off + lane + 32] * float(y[off + lane + 32]);
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  if (lane == 0) D[w] = s;
+}
+
+//! The gradients of forward_kernel: grid (key tiles, B x H), 128 threads,
+//! backward_smem bytes of dynamic shared memory. dy rows of H 64 floats; D
+//! from row_dot_kernel; dqkv rows [dq | dk | dv]: dq is added to (zero it
+//! first), dk and dv are written.
+__global__ void __launch_bounds__(threads) backward_kernel(const float* dy, const float* qkv, const float* lse,
+                                                          const float* D, float* dqkv, int T, int H, float scale) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  using namespace detail;
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16* qs = reinterpret_cast<bf16*>(smem);  // queries [query][dim]
+  bf16* qt_s = qs + tile * pitch;             // queries transposed [dim][query]
+  bf16* gs = qt_s + tile * pitch;             // dO [query][dim]
+  bf16* gt = gs + tile * pitch;               // dO transposed [dim][query]
+  bf16* kt_s = gt + tile * pitch;             // this block's keys transposed [dim][key]
+  bf16* dss = kt_s + tile * pitch;            // dS [query][key]
+  float* ls = reinterpret_cast<float*>(dss + tile * pitch);  // lse (log2 domain) of the tile's queries
+  float* ds_row = ls + tile;                                 // D of the tile's queries
+  const int nq = int(gridDim.x), kt = int(blockIdx.x);       // key tile 0 has the most work: first
+  const int b = int(blockIdx.y) / H, h = int(blockIdx.y) % H, d = H * head_dim;
+  const std::size_t row = 3 * std::size_t(d);
+  const int warp = int(threadIdx.x) >> 5, g = (int(threadIdx.x) & 31) >> 2, t = int(threadIdx.x) & 3;
+  const std::size_t first = std::size_t(b) * std::size_t(T);
+  const float* base = qkv + first * row + std::size_t(h) * head_dim;
+  float* dbase = dqkv + first * row + std::size_t(h) * head_dim;
+  const float* gbase = dy + first * std::size_t(d) + std::size_t(h) * head_dim;
+  const int k0 = kt * tile + warp * 16, keys[2] = {k0 + g, k0 + g + 8};
+  std::uint32_t ka[4][4], va[4][4];
+  load_a(base + d, row, k0, T, ka);
+  load_a(base + 2 * d, row, k0, T, va);
+  load_tile(base + d, row, kt * tile, T, nullptr, kt_s);
+  const float sl2 = scale * log2e;
+  float dk[8][4] = {}, dv[8][4] = {};
+  for (int qt = kt; qt < nq; ++qt) {
+    __syncthreads();  // every warp is done with the previous tile and its dS
+    load_tile(base, row, qt * tile, T, qs, qt_s);
+    load_tile(gbase, std::size_t(d), qt * tile, T, gs, gt);
+    for (int i = int(threadIdx.x); i < tile; i += int(blockDim.x)) {
+      const int r = qt * tile + i;
+      const std::size_t at = (first + std::size_t(r)) * std::size_t(H) + std::size_t(h);
+      ls[i] = r < T ? lse[at] * log2e : INFINITY;  // rows past T: p = 0
+      ds_row[i] = r < T ? D[at] : 0.f;
+    }
+    __syncthreads();
+    // This warp's 16 keys against the tile's 64 queries, transposed: S^T = K Q^T, dP^T = V dO^T.
+    float s[8][4] = {}, dp[8][4] = {};
+    for (int nt = 0; nt < 8; ++nt)
+      for (int kk = 0; kk < 4; ++kk) {
+        mma_tile(s[nt], ka[kk], qs, nt * 8 + g, kk * 16 + 2 * t);
+        mma_tile(dp[nt], va[kk], gs, nt * 8 + g, kk * 16 + 2 * t);
+      }
+    for (int nt = 0; nt < 8; ++nt)
+      for (int e = 0; e < 4; ++e) {
+        const int ql = nt * 8 + 2 * t + (e & 1);
+        float p = exp2f(s[nt][e] * sl2 - ls[ql]);
+        if (qt == kt && qt * tile + ql < keys[e >> 1]) p = 0.f;  // the future
+        s[nt][e] = p;
+        dp[nt][e] = p * (dp[nt][e] - ds_row[ql]) * scale;  // dS^T
+        dss[ql * pitch + warp * 16 + g + 8 * (e >> 1)] = __float2bfloat16_rn(dp[nt][e]);
+      }
+    for (int j = 0; j < 4; ++j) {
+      std::uint32_t pa[4], da[4];
+      to_a(s, j, pa);
+      to_a(dp, j, da);
+      for (int nt = 0; nt < 8; ++nt) {
+        mma_tile(dv[nt], pa, gt, nt * 8 + g, j * 16 + 2 * t);    // dV += P^T dO
+        mma_tile(dk[nt], da, qt_s, nt * 8 + g, j * 16 + 2 * t);  // dK += dS^T Q
+      }
+    }
+    __syncthreads();  // dS complete
+    // dQ (this warp's 16 queries x 64) += dS K, added into memory.
+    float dq[8][4] = {};
+    const bf16* a_rows = dss + (warp * 16 + g) * pitch;
+    for (int j = 0; j < 4; ++j) {
+      const std::uint32_t a[4] = {ld32(a_rows + j * 16 + 2 * t), ld32(a_rows + 8 * pitch + j * 16 + 2 * t),
+                                  ld32(a_rows + j * 16 + 2 * t + 8), ld32(a_rows + 8 * pitch + j * 16 + 2 * t + 8)};
+      for (int nt = 0; nt < 8; ++nt) mma_tile(dq[nt], a, kt_s, nt * 8 + g, j * 16 + 2 * t);
+    }
+    for (int i = 0; i < 2; ++i) {
+      const int q = qt * tile + warp * 16 + g + 8 * i;
+      if (q >= T) continue;
+      float* out = dbase + std::size_t(q) * row;
+      for (int nt = 0; nt < 8; ++nt) {
+        atomicAdd(out + nt * 8 + 2 * t, dq[nt][2 * i]);
+        atomicAdd(out + nt * 8 + 2 * t + 1, dq[nt][2 * i + 1]);
+      }
+    }
+  }
+  for (int i = 0; i < 2; ++i) {
+    if (keys[i] >= T) continue;
+    float* out = dbase + std::size_t(keys[i]) * row;
+    for (int nt = 0; nt < 8; ++nt) {
+      const int c = nt * 8 + 2 * t;
+      out[d + c] = dk[nt][2 * i], out[d + c + 1] = dk[nt][2 * i + 1];
+      out[2 * d + c] = dv[nt][2 * i], out[2 * d + c + 1] = dv[nt][2 * i + 1];
+    }
+  }
+#else
+  __trap();
+#endif
+}
+
+//! Whether the kernels run here: compiled for sm_80 or newer and a device of compute capability 8 or more.
+inline bool supported() {
+  int dev = 0, major = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
+    return false;
+  return major >= 8;
+}
+
+//! Launches (on `stream`): forward, then backward's two kernels. dqkv's dq part must be zero.
+template <class C>
+void forward(const float* qkv, C* y, float* lse, int B, int T, int H, cudaStream_t stream) {
+  const dim3 grid(unsigned((T + tile - 1) / tile), unsigned(B * H));
+  forward_kernel<C><<<grid, threads, 0, stream>>>(qkv, y, lse, T, H, 1.0f / std::sqrt(float(head_dim)));
+}
+template <class C>
+void backward(const float* dy, const float* qkv, const C* y, const float* lse, float* D, float* dqkv, int B, int T, int H,
+              cudaStream_t stream) {
+  const std::size_t rows_heads = std::size_t(B) * std::size_t(T) * std::size_t(H);
+  row_dot_kernel<C><<<unsigned((rows_heads * 32 + 255) / 256), 256, 0, stream>>>(dy, y, D, rows_heads);
+  static const bool attr = [] {
+    return cudaFuncSetAttribute(backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(backward_smem)) == cudaSuccess;
+  }();
+  (void)attr;  // a failure shows as the launch's error
+  const dim3 grid(unsigned((T + tile - 1) / tile), unsigned(B * H));
+  backward_kernel<<<grid, threads, backward_smem, stream>>>(dy, qkv, lse, D, dqkv, T, H, 1.0f / std::sqrt(float(head_dim)));
+}
+
+}  // namespace gpt::flash
