@@ -34,109 +34,17 @@
 #include "mlp_lm/data.hpp"
 #include "mlp_lm/gpu_placement.hpp"
 #include "mlp_lm/model.hpp"
-#include "mlp_lm/offload_flags.hpp"
 #include "common.cuh"
 #include "tessera/tessera.hpp"
+#include "train_step/floor.cuh"
+#include "train_step/options.hpp"
 
 using namespace tessera;
 using namespace tessera_bench;
+using namespace tessera_bench::train_step;
 using mlp_lm::model_shape;
 
 namespace {
-
-struct bench_options {
-  int layers = 8, d = 4096, ctx = 8, steps = 10, warmup = 3, accum = 1;
-  long tokens = 8192;
-  double clip = 1.0;
-  int gemm_sms = -1, nccl_ctas = 0, gather_buffers = 2;  // gemm_sms -1: all SMs but nccl_ctas (see gpu_placement)
-  std::string wire = "fp32";
-  bool overlap = true, recompute_gelu = false, lend_grad_shards = false, copy_engine_gathers = false;
-  std::vector<std::string> strategies{"no_shard", "optim", "optim_grads", "optim_grads_params"};
-  std::string wrapper = "fsdp", json, comm = "auto";
-  int shard_group = 0;          // > 0: a mesh of world / S replica groups x S ranks
-  std::string outer = "no_shard";  // across its replica groups: no_shard (HSDP) or optim (HFSDP)
-  std::string overlap_updates = "on";  // optimizer_options::overlap_updates
-  double offload = 0;                  // wrapper_options::offload_optimizer
-  std::string offload_update = "device";  // optimizer_options::offload_update
-  std::string cuda_graphs = "auto";       // tessera::step_graph: auto (one rank, no offload), on, off
-};
-
-std::size_t device_in_use() {
-  std::size_t f = 0, t = 0;
-  TESSERA_CUDA(cudaMemGetInfo(&f, &t));
-  return t - f;
-}
-
-// The floor: each GEMM of one step timed alone, summed.
-struct floor_parts {
-  double gemm_ms = 0, optimizer_ms = 0, copy_gbs = 0, gemm_tflops = 0;
-  double sustained_gemm_ms = 0;  // the same GEMMs back to back, as a step runs them (clocks under sustained load)
-};
-
-template <class TD>
-double time_gemm(bool ta, bool tb, int m, int n, int k, int iters) {
-  const std::size_t ea = std::size_t(m) * std::size_t(k), eb = std::size_t(k) * std::size_t(n);
-  auto a = random_buffer<bf16>(ea, 1, 0.1f, -0.05f), b = random_buffer<bf16>(eb, 2, 0.1f, -0.05f);
-  auto d = random_buffer<TD>(std::size_t(m) * std::size_t(n), 3);
-  return time_ms([&] {
-    tessera::cuda::matmul(tessera::cuda::matmul_problem<bf16, TD>{.trans_a = ta, .trans_b = tb, .m = m, .n = n, .k = k,
-                                                                  .a = a.data(), .b = b.data(), .d = d.data()});
-  }, 3, iters);
-}
-
-floor_parts measure_floor(const model_shape& s, long tokens_per_rank, int iters) {
-  floor_parts f;
-  const int T = int(tokens_per_rank), d = s.d, h = s.hidden(), V = mlp_lm::vocab;
-  // Per block: forward X W1^T, A W2^T; backward dW2 = dY^T A, dA = dY W2, dW1 = dH^T X, dX = dH W1.
-  const double block = time_gemm<bf16>(false, true, T, h, d, iters) + time_gemm<bf16>(false, true, T, d, h, iters) +
-                       time_gemm<float>(true, false, d, h, T, iters) + time_gemm<bf16>(false, false, T, h, d, iters) +
-                       time_gemm<float>(true, false, h, d, T, iters) + time_gemm<bf16>(false, false, T, d, h, iters);
-  const double head = time_gemm<bf16>(false, true, T, V, d, iters) + time_gemm<float>(true, false, V, d, T, iters) +
-                      time_gemm<bf16>(false, false, T, d, V, iters);
-  f.gemm_ms = s.layers * block + head;
-  {
-    // One step's GEMMs back to back on shared operands (plain forms).
-    const std::size_t TD = std::size_t(T) * std::size_t(d), TH = std::size_t(T) * std::size_t(h), HD = std::size_t(h) * std::size_t(d);
-    auto x = random_buffer<bf16>(TD, 5, 0.1f, -0.05f), a = random_buffer<bf16>(TH, 6, 0.1f, -0.05f);
-    auto w1 = random_buffer<bf16>(HD, 7, 0.1f, -0.05f), w2 = random_buffer<bf16>(HD, 8, 0.1f, -0.05f);
-    auto hh = random_buffer<bf16>(TH, 9), y = random_buffer<bf16>(TD, 10);
-    auto dw = random_buffer<float>(HD, 11);
-    auto wh = random_buffer<bf16>(std::size_t(V) * std::size_t(d), 12, 0.1f, -0.05f), z = random_buffer<bf16>(std::size_t(T) * V, 13);
-    auto dwh = random_buffer<float>(std::size_t(V) * std::size_t(d), 14);
-    using tessera::cuda::matmul;
-    using P16 = tessera::cuda::matmul_problem<bf16, bf16>;
-    using P32 = tessera::cuda::matmul_problem<bf16, float>;
-    f.sustained_gemm_ms = time_ms([&] {
-      for (int l = 0; l < s.layers; ++l) {
-        matmul(P16{.trans_b = true, .m = T, .n = h, .k = d, .a = x.data(), .b = w1.data(), .d = hh.data()});
-        matmul(P16{.trans_b = true, .m = T, .n = d, .k = h, .a = a.data(), .b = w2.data(), .d = y.data()});
-      }
-      matmul(P16{.trans_b = true, .m = T, .n = V, .k = d, .a = x.data(), .b = wh.data(), .d = z.data()});
-      matmul(P32{.trans_a = true, .m = V, .n = d, .k = T, .a = z.data(), .b = x.data(), .d = dwh.data()});
-      matmul(P16{.m = T, .n = d, .k = V, .a = z.data(), .b = wh.data(), .d = y.data()});
-      for (int l = 0; l < s.layers; ++l) {
-        matmul(P32{.trans_a = true, .m = d, .n = h, .k = T, .a = y.data(), .b = a.data(), .d = dw.data()});
-        matmul(P16{.m = T, .n = h, .k = d, .a = y.data(), .b = w2.data(), .d = hh.data()});
-        matmul(P32{.trans_a = true, .m = h, .n = d, .k = T, .a = hh.data(), .b = x.data(), .d = dw.data()});
-        matmul(P16{.m = T, .n = d, .k = h, .a = hh.data(), .b = w1.data(), .d = y.data()});
-      }
-    }, 2, std::max(3, iters / 3));
-  }
-  {
-    const std::size_t n = std::size_t(1) << 28;
-    auto a = random_buffer<float>(n, 4);
-    dbuf<float> b(n);
-    const double ms = time_ms([&] { backend_ops<backend::cuda>::copy(b.span(), std::span<const float>(a.span())); }, 3, iters);
-    f.copy_gbs = 2.0 * double(n) * sizeof(float) / (ms * 1e6);
-  }
-  f.optimizer_ms = 28.0 * double(s.params()) / (f.copy_gbs * 1e6);
-  {
-    const int g = 8192;
-    const double ms = time_gemm<bf16>(false, true, g, g, g, iters);
-    f.gemm_tflops = 2.0 * double(g) * g * g / (ms * 1e9);
-  }
-  return f;
-}
 
 struct strategy_result {
   std::string name;
@@ -151,53 +59,6 @@ struct strategy_result {
   std::size_t graph_nodes = 0;  // nodes of the step graph (0: eager)
   std::string choices;
 };
-
-//! The offload's ceilings on this machine, measured in the same run: the
-//! host's memory bandwidth (read + write, every core, host::pool) and the
-//! PCIe bandwidth each way between pinned memory and the device.
-struct offload_ceilings {
-  double host_gbs = 0, h2d_gbs = 0, d2h_gbs = 0;
-};
-offload_ceilings measure_offload_ceilings() {
-  offload_ceilings c;
-  const std::size_t n = std::size_t(1) << 28;  // 1 GiB of float
-  tessera::cuda::buffer<float> h1(n, tessera::placement::host), h2(n, tessera::placement::host), d(n);
-  auto& pool = tessera::host::pool::shared();
-  auto host_copy = [&] {
-    pool.parallel_for(n, 4096, [&](std::size_t b, std::size_t e) {
-      std::memcpy(h2.data() + b, h1.data() + b, (e - b) * sizeof(float));
-    });
-  };
-  pool.parallel_for(n, 4096, [&](std::size_t b, std::size_t e) {
-    for (std::size_t i = b; i < e; ++i) h1.data()[i] = float(i & 1023), h2.data()[i] = 0.f;
-  });
-  host_copy();
-  double best = 1e30;
-  for (int k = 0; k < 5; ++k) {
-    const auto t0 = std::chrono::steady_clock::now();
-    host_copy();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  c.host_gbs = 2.0 * double(n * sizeof(float)) / best / 1e9;
-  const cudaStream_t st = tessera::cuda::current_stream();
-  tessera::cuda::event a(true), b(true);
-  auto time_copy = [&](void* dst, const void* src) {
-    double ms = 1e30;
-    for (int k = 0; k < 4; ++k) {
-      a.record(st);
-      TESSERA_CUDA(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDefault, st));
-      b.record(st);
-      b.synchronize();
-      float t = 0;
-      TESSERA_CUDA(cudaEventElapsedTime(&t, a.get(), b.get()));
-      ms = std::min<double>(ms, t);
-    }
-    return double(n * sizeof(float)) / (ms * 1e-3) / 1e9;
-  };
-  c.h2d_gbs = time_copy(d.data(), h1.data());
-  c.d2h_gbs = time_copy(h2.data(), d.data());
-  return c;
-}
 
 template <class Cfg, class Comm>
 strategy_result run_strategy(const bench_options& o, const model_shape& s, Comm& comm, MPI_Comm world,
@@ -439,48 +300,7 @@ strategy_result dispatch(const bench_options& o, const std::string& name, const 
 int main(int argc, char** argv) {
   bench_options o;
   CLI::App app{"tessera-bench-train: training-step time per strategy beside the step's floor"};
-  app.add_option("--layers", o.layers);
-  app.add_option("--d", o.d);
-  app.add_option("--ctx", o.ctx);
-  app.add_option("--tokens", o.tokens, "global tokens per step");
-  app.add_option("--accum", o.accum, "micro-batches per step");
-  app.add_option("--steps", o.steps, "timed steps (median reported)");
-  app.add_option("--warmup", o.warmup, "untimed steps first");
-  app.add_option("--clip", o.clip, "gradient-norm clip (0: none)");
-  app.add_option("--strategies", o.strategies, "strategies to run")->delimiter(',');
-  app.add_option("--wrapper", o.wrapper)->check(CLI::IsMember({"ddp", "fsdp", "fsdp2"}));
-  app.add_option("--comm", o.comm)->check(CLI::IsMember({"auto", "nccl", "mpi"}));
-  app.add_option("--shard-group", o.shard_group,
-                 "a mesh: ranks per shard group (world = R replica groups x S); 0: the whole world, flat")
-      ->check(CLI::Range(0, 1 << 20));
-  app.add_option("--outer", o.outer, "across the mesh's replica groups: no_shard (HSDP) or optim (HFSDP; fsdp, "
-                                     "optim_grads_params)")
-      ->check(CLI::IsMember({"no_shard", "optim"}));
-  app.add_option("--json", o.json, "write results as JSON to this file");
-  app.add_option("--overlap-updates", o.overlap_updates,
-                 "on: each unit's update runs on a side stream in the next forward's shadow (optimizer_options::"
-                 "overlap_updates); off: every update at the end of the step")
-      ->check(CLI::IsMember({"on", "off"}));
-  app.add_option("--cuda-graphs", o.cuda_graphs,
-                 "each step after the first as one CUDA graph launch (tessera::step_graph; its phases are then not "
-                 "timed apart). auto: on one rank without offload; on; off")
-      ->check(CLI::IsMember({"auto", "on", "off"}));
-  mlp_lm::add_offload_options(app, o.offload, o.offload_update);
-  app.add_option("--gemm-sms", o.gemm_sms,
-                 "SMs each GEMM is shaped for when collectives overlap it (0: all; -1: all but --nccl-ctas)");
-  app.add_option("--gather-buffers", o.gather_buffers,
-                 "gathered-unit buffers (optim_grads_params; 2: double buffering, the number of units: nothing "
-                 "re-gathered in backward)");
-  app.add_flag("--recompute-gelu", o.recompute_gelu, "keep each block's GELU input only, recompute its output in backward");
-  app.add_flag("--lend-grad-shards", o.lend_grad_shards,
-               "reduced gradient shards live in their unit's activations (wrapper_options::lend_grad_shards; --accum 1)");
-  app.add_option("--wire", o.wire, "dtype gradients are reduced in: fp32, or bf16 (accumulated in fp32)")
-      ->check(CLI::IsMember({"fp32", "bf16"}));
-  app.add_option("--nccl-ctas", o.nccl_ctas, "most SMs an NCCL collective may hold (0: NCCL's choice)");
-  app.add_flag("--copy-engine-gathers", o.copy_engine_gathers,
-               "all-gathers on copy engines (nccl_options::copy_engine_gathers: symmetric windows, zero-CTA policy)");
-  app.add_flag("!--no-overlap", o.overlap,
-               "skip the compute-only and communication-only runs (several ranks) that give the overlap efficiency");
+  add_options(app, o);
   CLI11_PARSE(app, argc, argv);
   if (o.outer == "optim" && (o.shard_group == 0 || o.wrapper != "fsdp")) {
     std::fprintf(stderr, "tessera: --outer optim (HFSDP) needs --shard-group S and --wrapper fsdp "

@@ -30,6 +30,7 @@
 #include "tessera/backend/cuda/blaslt.hpp"
 #include "tessera/backend/cuda/buffer.hpp"
 #include "tessera/backend/cuda/stream.hpp"
+#include "trainer_kit/product_forms.cuh"
 
 namespace mlp_lm {
 
@@ -45,6 +46,9 @@ class cuda_mlp {
   template <class T> using dbuf = tessera::cuda::buffer<T>;
   template <class T> using problem = tessera::cuda::matmul_problem<C, T>;
   using epilogue = tessera::cuda::epilogue;
+
+  // The products with a fused and a separate form (trainer_kit::product_forms).
+  enum product { up, down, gelu_grad, up_grad, down_grad, head_grad, products };
 
 public:
   static constexpr const char* backend_name = "cuda";
@@ -77,32 +81,17 @@ public:
     if constexpr (std::is_same_v<C, tessera::bf16>) fused_ = s.layers > 0 && epilogues_supported();
     bgrad_fused_ = std::is_same_v<C, tessera::bf16> && bias_grad_epilogue_supported();
     one_hot_gemm_ = one_hot_supported();
-    for (int p : {up, down, gelu_grad}) choice_[std::size_t(p)] = fused_ ? unmeasured : 0;
-    for (int p : {up_grad, down_grad, head_grad}) choice_[std::size_t(p)] = bgrad_fused_ ? unmeasured : 0;
+    for (int p : {up, down, gelu_grad}) forms_.allow(std::size_t(p), fused_);
+    for (int p : {up_grad, down_grad, head_grad}) forms_.allow(std::size_t(p), bgrad_fused_);
   }
 
   //! Forces every product's form: fused where cuBLASLt can (true) or separate (false).
   void force_fusion(bool on) {
-    for (int p : {up, down, gelu_grad}) choice_[std::size_t(p)] = on && fused_ ? 1 : 0;
-    for (int p : {up_grad, down_grad, head_grad}) choice_[std::size_t(p)] = on && bgrad_fused_ ? 1 : 0;
+    for (int p : {up, down, gelu_grad}) forms_.force(std::size_t(p), on, fused_);
+    for (int p : {up_grad, down_grad, head_grad}) forms_.force(std::size_t(p), on, bgrad_fused_);
   }
   //! The form each product runs in, with the timings that chose it (after the first step).
-  [[nodiscard]] std::string choices() const {
-    std::string r;
-    for (int p = 0; p < products; ++p) {
-      const int c = choice_[std::size_t(p)];
-      char line[160];
-      const auto [f, sep] = timings_[std::size_t(p)];
-      std::snprintf(line, sizeof line, "%s%s: %s", r.empty() ? "" : "; ", product_names[p],
-                    c == unmeasured ? "not yet measured" : c == 1 ? "fused" : "separate");
-      r += line;
-      if (f > 0 || sep > 0) {
-        std::snprintf(line, sizeof line, " (fused %.3f ms, separate %.3f ms)", double(f), double(sep));
-        r += line;
-      }
-    }
-    return r;
-  }
+  [[nodiscard]] std::string choices() const { return forms_.describe(); }
 
   //! SMs every GEMM is shaped for (0: all): fewer when collectives run beside
   //! the GEMMs, so a GEMM's waves do not wait on the SMs NCCL holds.
@@ -170,7 +159,7 @@ public:
       const C* w = sc.weights().data();
       const C *W1 = w + off(b.w1), *B1 = w + off(b.b1), *W2 = w + off(b.w2), *B2 = w + off(b.b2);
       // A = gelu(X W1^T + b1), aux = X W1^T + b1
-      run(choice_[up], [&](bool fuse) {
+      forms_.run(up, [&](bool fuse) {
         if (fuse) {
           gemm<C>({.trans_b = true, .m = N, .n = hd, .k = d, .a = X(l), .b = W1, .d = act(l),
                    .ep = epilogue::gelu_aux_bias, .bias = B1, .aux = Pre(l)});
@@ -180,7 +169,7 @@ public:
         }
       });
       // X_{l+1} = X_l + A W2^T + b2
-      run(choice_[down], [&](bool fuse) {
+      forms_.run(down, [&](bool fuse) {
         gemm<C>({.trans_b = true, .m = N, .n = d, .k = hd, .a = act(l), .b = W2, .d = X(l + 1), .beta = 1,
                  .ep = fuse ? epilogue::bias : epilogue::none, .bias = B2, .c = X(l)});
         if (!fuse) gpu::add_bias(X(l + 1), B2, N, d);
@@ -191,14 +180,14 @@ public:
       auto sc = m_.gather(ids_.head);
       const C* w = sc.weights().data();
       const C *Wh = w + off(ids_.hw), *Bh = w + off(ids_.hb);
-      const bool fuse_bias = choice_[down] != 0;
+      const bool fuse_bias = forms_.state(down) != 0;
       gemm<C>({.trans_b = true, .m = N, .n = vocab, .k = d, .a = X(L), .b = Wh, .d = z_.data(),
                .ep = fuse_bias ? epilogue::bias : epilogue::none, .bias = Bh});
       if (!fuse_bias) gpu::add_bias(z_.data(), Bh, N, vocab);
       gpu::softmax_xent(z_.data(), dtgt, N, float(1.0 / global_tokens), loss_.data());  // z_ becomes dZ
       auto [g, fresh] = sc.grads_for_write();
       // dWh (+)= dZ^T X, dbh (+)= sum over tokens of dZ
-      weight_grad(choice_[head_grad], z_.data(), X(L), vocab, d, N, g.data() + off(ids_.hw), g.data() + off(ids_.hb),
+      weight_grad(head_grad, z_.data(), X(L), vocab, d, N, g.data() + off(ids_.hw), g.data() + off(ids_.hb),
                   fresh);
       gemm<C>({.m = N, .n = d, .k = vocab, .a = z_.data(), .b = Wh, .d = dx_.data()});  // dX = dZ Wh
       sc.reduce_grads();
@@ -214,8 +203,8 @@ public:
       C* dH = dh_.data();
       if (recompute_) gpu::gelu_of(Pre(l), std::size_t(N) * H, act(l));  // into dh_, read by dW2 before dH lands
       // dW2 (+)= dY^T A, db2 (+)= sum over tokens of dY
-      weight_grad(choice_[down_grad], dX, act(l), d, hd, N, g.data() + off(b.w2), g.data() + off(b.b2), fresh);
-      run(choice_[gelu_grad], [&](bool fuse) {  // dH = (dY W2) * gelu'(pre)
+      weight_grad(down_grad, dX, act(l), d, hd, N, g.data() + off(b.w2), g.data() + off(b.b2), fresh);
+      forms_.run(gelu_grad, [&](bool fuse) {  // dH = (dY W2) * gelu'(pre)
         if (fuse) {
           gemm<C>({.m = N, .n = hd, .k = d, .a = dX, .b = W2, .d = dH, .ep = epilogue::dgelu, .aux = Pre(l)});
         } else {
@@ -224,7 +213,7 @@ public:
         }
       });
       // dW1 (+)= dH^T X, db1 (+)= sum over tokens of dH
-      weight_grad(choice_[up_grad], dH, X(l), hd, d, N, g.data() + off(b.w1), g.data() + off(b.b1), fresh);
+      weight_grad(up_grad, dH, X(l), hd, d, N, g.data() + off(b.w1), g.data() + off(b.b1), fresh);
       gemm<C>({.m = N, .n = d, .k = hd, .a = dH, .b = W1, .d = dX, .beta = 1});            // dX += dH W1
       sc.reduce_grads();
     }
@@ -334,7 +323,7 @@ private:
   // dW[m, n] (+)= dY^T X over k tokens, and db[m] (+)= sum over tokens of dY:
   // one GEMM where cuBLASLt folds the bias gradient in, else GEMM + column sums.
   // Tuned only on a fresh write (assigning twice gives the same result).
-  void weight_grad(int& choice, const C* dY, const C* X, int m, int n, int k, float* dW, float* db, bool fresh) {
+  void weight_grad(product p, const C* dY, const C* X, int m, int n, int k, float* dW, float* db, bool fresh) {
     const float beta = fresh ? 0.0f : 1.0f;
     auto go = [&](bool fuse) {
       if (fuse && k > 0) {
@@ -348,33 +337,8 @@ private:
         gpu::column_sums(dY, k, m, db, fresh, scratch_.span());
       }
     };
-    if (choice == unmeasured && !fresh) go(true);
-    else run(choice, go);
-  }
-
-  // A product with a fused and a separate form: `choice` is 1 (fused), 0
-  // (separate) or unmeasured; the first time, both forms run twice and the
-  // second runs are timed, and the separate form is kept only if it is more
-  // than 3% faster (timing noise must not flip a run's arithmetic). Every
-  // product tuned this way writes the same outputs however often it runs.
-  template <class F>
-  void run(int& choice, F&& go) {
-    if (choice != unmeasured) return go(choice == 1);
-    const cudaStream_t s = tessera::cuda::current_stream();
-    go(true);
-    go(false);
-    tessera::cuda::event a(true), b(true), c(true);
-    a.record(s);
-    go(true);
-    b.record(s);
-    go(false);
-    c.record(s);
-    c.synchronize();
-    float fused_ms = 0, separate_ms = 0;
-    TESSERA_CUDA(cudaEventElapsedTime(&fused_ms, a.get(), b.get()));
-    TESSERA_CUDA(cudaEventElapsedTime(&separate_ms, b.get(), c.get()));
-    choice = separate_ms < 0.97f * fused_ms ? 0 : 1;
-    timings_[std::size_t(&choice - choice_.data())] = {fused_ms, separate_ms};
+    if (forms_.state(p) == forms_.unmeasured && !fresh) go(true);
+    else forms_.run(p, go);
   }
 
   bool bias_grad_epilogue_supported() {
@@ -431,13 +395,8 @@ private:
   const model_ids& ids_;
   model_shape s_;
   std::size_t n_max_;
-  // The products with a fused and a separate form.
-  enum product { up, down, gelu_grad, up_grad, down_grad, head_grad, products };
-  static constexpr int unmeasured = -1;
-  static constexpr const char* product_names[products] = {"X W1^T + b1, GELU", "A W2^T + b2 + X", "GELU gradient",
-                                                          "dW1 and db1", "dW2 and db2", "dWh and dbh"};
-  std::array<int, products> choice_{};
-  std::array<std::pair<float, float>, products> timings_{};
+  trainer_kit::product_forms<products> forms_{{"X W1^T + b1, GELU", "A W2^T + b2 + X", "GELU gradient", "dW1 and db1",
+                                               "dW2 and db2", "dWh and dbh"}};
   bool fused_ = false, bgrad_fused_ = false, one_hot_gemm_ = false;
   dbuf<C> arena_, act_, z_, dx_, dh_, bgrad_, one_hot_;
   std::vector<dbuf<float>> own_shards_;  // gradient shards of units whose activations are too small to lend
