@@ -247,7 +247,8 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, const data
                      {"strategy", Cfg::strategy::name}, {"wrapper", Cfg::wrapper::name}, {"precision", o.precision},
                      {"backend", Net<Wrapper>::backend_name}, {"steps", o.steps}, {"tokens_per_s", tps},
                      {"tflops", shape.flops_per_token() * tps / 1e12}, {"peak_bytes", peak}, {"estimated_bytes", est},
-                     {"init_s", init_s}, {"attention", net.attention_name()}};
+                     {"init_s", init_s}, {"attention", net.attention_name()},
+                     {"products", net.products_used()}};
     if (val_loss >= 0) j["val_loss"] = val_loss;
     if (o.json) std::printf("%s\n", j.dump().c_str());
     else

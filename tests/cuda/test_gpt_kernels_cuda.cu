@@ -97,38 +97,46 @@ struct attention_case {
 // Sequences of 1, 63, 64, 65, 100 and 200 rows (tiles are 64), one head and several.
 const attention_case cases[] = {{1, 1, 2}, {1, 63, 1}, {2, 64, 3}, {1, 65, 2}, {2, 100, 3}, {1, 200, 2}};
 
-template <class C>
+// In: what the kernels read q, k, v and dy as (fp32, or bf16 as the bf16 trainer keeps them).
+template <class C, class In = float>
 void check_attention(bool flash, double tol) {
   std::mt19937 g(flash ? 41 : 42);
   constexpr int hd = 64;
   for (const auto& k : cases) {
     const std::size_t d = std::size_t(k.H) * hd, n = std::size_t(k.B) * std::size_t(k.T);
     // bf16-exact inputs for the flash kernels: what is left is the rounding of P and dS.
-    const auto qkv = normal(n * 3 * d, g, 1.5, flash), dy = normal(n * d, g, 1.0, flash);
+    const bool exact_in = flash || !std::is_same_v<In, float>;  // bf16-exact where anything reads bf16
+    const auto qkv = normal(n * 3 * d, g, 1.5, exact_in), dy = normal(n * d, g, 1.0, exact_in);
     const attention_ref ref(qkv, dy, k.B, k.T, k.H, hd);
-    auto dqkv_in = to_device(qkv);
-    auto ddy = to_device(dy);
+    auto as_in = [](const std::vector<float>& v) {
+      std::vector<In> r(v.size());
+      for (std::size_t i = 0; i < v.size(); ++i) r[i] = In(v[i]);
+      return r;
+    };
+    auto dqkv_in = to_device(as_in(qkv));
+    auto ddy = to_device(as_in(dy));
     dbuf<C> y(n * d);
     dbuf<float> lse(n * std::size_t(k.H)), D(n * std::size_t(k.H)), dqkv(n * 3 * d);
     TESSERA_CUDA(cudaMemset(dqkv.data(), 0, dqkv.size() * sizeof(float)));
     if (flash) {
-      gpt::flash::forward<C>(dqkv_in.data(), y.data(), lse.data(), k.B, k.T, k.H, nullptr);
+      gpt::flash::forward<C, In>(dqkv_in.data(), y.data(), lse.data(), k.B, k.T, k.H, nullptr);
       TESSERA_CUDA(cudaGetLastError());
-      gpt::flash::backward<C>(ddy.data(), dqkv_in.data(), y.data(), lse.data(), D.data(), dqkv.data(), k.B, k.T, k.H, nullptr);
+      gpt::flash::backward<C, In>(ddy.data(), dqkv_in.data(), y.data(), lse.data(), D.data(), dqkv.data(), k.B, k.T, k.H, nullptr);
       TESSERA_CUDA(cudaGetLastError());
     } else {
       const dim3 grid(unsigned(k.T), unsigned(k.B * k.H));
       const std::size_t smem = (std::size_t(k.T) + 32) * sizeof(float);
-      gpt::kernels::attention_kernel<C><<<grid, 128, smem>>>(dqkv_in.data(), y.data(), lse.data(), k.T, k.H, hd);
-      gpt::kernels::attention_backward_kernel<C><<<grid, 128, smem>>>(ddy.data(), dqkv_in.data(), y.data(), lse.data(),
+      gpt::kernels::attention_kernel<C, In><<<grid, 128, smem>>>(dqkv_in.data(), y.data(), lse.data(), k.T, k.H, hd);
+      gpt::kernels::attention_backward_kernel<C, In><<<grid, 128, smem>>>(ddy.data(), dqkv_in.data(), y.data(), lse.data(),
                                                                       dqkv.data(), k.T, k.H, hd);
       TESSERA_CUDA(cudaGetLastError());
     }
     device_sync();
     const double ey = rel_error(to_host(y), ref.y), el = rel_error(to_host(lse), ref.lse),
                  ed = rel_error(to_host(dqkv), ref.dqkv);
-    std::printf("attention %s B %d T %d H %d: y %.2e, lse %.2e, dqkv %.2e (relative to the largest value)\n",
-                flash ? "flash bf16" : "exact fp32", k.B, k.T, k.H, ey, el, ed);
+    std::printf("attention %s%s B %d T %d H %d: y %.2e, lse %.2e, dqkv %.2e (relative to the largest value)\n",
+                flash ? "flash bf16" : std::is_same_v<C, float> ? "exact fp32" : "exact bf16",
+                std::is_same_v<In, float> ? "" : " (bf16 inputs)", k.B, k.T, k.H, ey, el, ed);
     BOOST_TEST_CONTEXT("B " << k.B << " T " << k.T << " H " << k.H) {
       BOOST_TEST(ey <= tol);
       BOOST_TEST(el <= tol);
@@ -146,72 +154,99 @@ BOOST_AUTO_TEST_CASE(flash_attention_matches_float64_within_bf16) {
   check_attention<bf16>(true, 1e-2);
 }
 
+BOOST_AUTO_TEST_CASE(flash_attention_reads_bf16_inputs) {
+  BOOST_REQUIRE(gpt::flash::supported());
+  // What the bf16 trainer runs: q, k, v and dy kept in bf16 (bf16-exact here, so the same tolerance).
+  check_attention<bf16, bf16>(true, 1e-2);
+}
+
+BOOST_AUTO_TEST_CASE(exact_attention_reads_bf16_inputs) {
+  // The bf16 trainer where flash does not apply (head dimension other than 64): y rounded to bf16.
+  check_attention<bf16, bf16>(false, 1e-2);
+}
+
+// D 100 (a few registers per lane), 700 and 1600 (GPT-2's widest), 2100 (no
+// registers: every row adds into shared memory); neither n nor D a multiple of a warp.
 BOOST_AUTO_TEST_CASE(layernorm_forward_and_backward_match_float64) {
-  std::mt19937 g(43);
-  const int n = 37, D = 100;  // neither a multiple of a warp
-  const auto x = normal(std::size_t(n) * D, g, 2.0), w = normal(std::size_t(D), g, 1.0), b = normal(std::size_t(D), g, 1.0);
-  const auto dout = normal(std::size_t(n) * D, g, 1.0), dx0 = normal(std::size_t(n) * D, g, 1.0);
-  auto dxx = to_device(x), dw = to_device(w), db = to_device(b), ddout = to_device(dout), ddx = to_device(dx0);
-  dbuf<float> out(std::size_t(n) * D), mean(static_cast<std::size_t>(n)), rstd(static_cast<std::size_t>(n)), gw(static_cast<std::size_t>(D)), gb(static_cast<std::size_t>(D));
-  TESSERA_CUDA(cudaMemset(gw.data(), 0, gw.size() * sizeof(float)));
-  TESSERA_CUDA(cudaMemset(gb.data(), 0, gb.size() * sizeof(float)));
-  gpt::kernels::layernorm_kernel<float><<<(n + 7) / 8, 256>>>(dxx.data(), dw.data(), db.data(), out.data(), mean.data(),
-                                                              rstd.data(), n, D);
-  gpt::kernels::layernorm_backward_kernel<float><<<(n + 7) / 8, 256>>>(ddout.data(), dxx.data(), dw.data(), mean.data(),
-                                                                       rstd.data(), ddx.data(), gw.data(), gb.data(), n, D);
-  TESSERA_CUDA(cudaGetLastError());
-  device_sync();
-  std::vector<double> y(x.size()), dx(x.size()), rgw(std::size_t(D), 0.0), rgb(std::size_t(D), 0.0);
-  for (int r = 0; r < n; ++r) {
-    const float* xr = x.data() + std::size_t(r) * D;
-    double mu = 0, var = 0;
-    for (int c = 0; c < D; ++c) mu += xr[c];
-    mu /= D;
-    for (int c = 0; c < D; ++c) var += (xr[c] - mu) * (xr[c] - mu);
-    const double rs = 1.0 / std::sqrt(var / D + 1e-5);
-    double m1 = 0, m2 = 0;
-    for (int c = 0; c < D; ++c) {
-      const double xh = (xr[c] - mu) * rs, g_ = dout[std::size_t(r) * D + c];
-      y[std::size_t(r) * D + c] = xh * w[std::size_t(c)] + b[std::size_t(c)];
-      m1 += g_ * w[std::size_t(c)] / D, m2 += g_ * w[std::size_t(c)] * xh / D;
-      rgw[std::size_t(c)] += g_ * xh, rgb[std::size_t(c)] += g_;
-    }
-    for (int c = 0; c < D; ++c) {
-      const double xh = (xr[c] - mu) * rs;
-      dx[std::size_t(r) * D + c] = dx0[std::size_t(r) * D + c] + rs * (dout[std::size_t(r) * D + c] * w[std::size_t(c)] - m1 - xh * m2);
+  for (const int D : {100, 700, 1600, 2100}) {
+    BOOST_TEST_CONTEXT("D " << D) {
+      std::mt19937 g(43);
+      const int n = 37;
+      const auto x = normal(std::size_t(n) * D, g, 2.0), w = normal(std::size_t(D), g, 1.0), b = normal(std::size_t(D), g, 1.0);
+      const auto dout = normal(std::size_t(n) * D, g, 1.0), dx0 = normal(std::size_t(n) * D, g, 1.0);
+      auto dxx = to_device(x), dw = to_device(w), db = to_device(b), ddout = to_device(dout), ddx = to_device(dx0);
+      dbuf<float> out(std::size_t(n) * D), mean(static_cast<std::size_t>(n)), rstd(static_cast<std::size_t>(n)), gw(static_cast<std::size_t>(D)), gb(static_cast<std::size_t>(D));
+      TESSERA_CUDA(cudaMemset(gw.data(), 0, gw.size() * sizeof(float)));
+      TESSERA_CUDA(cudaMemset(gb.data(), 0, gb.size() * sizeof(float)));
+      gpt::kernels::layernorm_kernel<float><<<(n + 7) / 8, 256>>>(dxx.data(), dw.data(), db.data(), out.data(), mean.data(),
+                                                                  rstd.data(), n, D);
+      // Two blocks for 37 rows: each block sums several rows' dw, db before adding them;
+      // dxc receives the new dx in the compute type as well.
+      dbuf<float> dxc(std::size_t(n) * D);
+      gpt::kernels::layernorm_backward<float>(ddout.data(), dxx.data(), dw.data(), mean.data(), rstd.data(), ddx.data(),
+                                              dxc.data(), gw.data(), gb.data(), n, D, nullptr, 2);
+      TESSERA_CUDA(cudaGetLastError());
+      device_sync();
+      std::vector<double> y(x.size()), dx(x.size()), rgw(std::size_t(D), 0.0), rgb(std::size_t(D), 0.0);
+      for (int r = 0; r < n; ++r) {
+        const float* xr = x.data() + std::size_t(r) * D;
+        double mu = 0, var = 0;
+        for (int c = 0; c < D; ++c) mu += xr[c];
+        mu /= D;
+        for (int c = 0; c < D; ++c) var += (xr[c] - mu) * (xr[c] - mu);
+        const double rs = 1.0 / std::sqrt(var / D + 1e-5);
+        double m1 = 0, m2 = 0;
+        for (int c = 0; c < D; ++c) {
+          const double xh = (xr[c] - mu) * rs, g_ = dout[std::size_t(r) * D + c];
+          y[std::size_t(r) * D + c] = xh * w[std::size_t(c)] + b[std::size_t(c)];
+          m1 += g_ * w[std::size_t(c)] / D, m2 += g_ * w[std::size_t(c)] * xh / D;
+          rgw[std::size_t(c)] += g_ * xh, rgb[std::size_t(c)] += g_;
+        }
+        for (int c = 0; c < D; ++c) {
+          const double xh = (xr[c] - mu) * rs;
+          dx[std::size_t(r) * D + c] = dx0[std::size_t(r) * D + c] + rs * (dout[std::size_t(r) * D + c] * w[std::size_t(c)] - m1 - xh * m2);
+        }
+      }
+      BOOST_TEST(rel_error(to_host(out), y) <= 1e-6);
+      BOOST_TEST(rel_error(to_host(ddx), dx) <= 1e-5);
+      BOOST_TEST(rel_error(to_host(dxc), dx) <= 1e-5);
+      BOOST_TEST(rel_error(to_host(gw), rgw) <= 1e-5);
+      BOOST_TEST(rel_error(to_host(gb), rgb) <= 1e-5);
     }
   }
-  BOOST_TEST(rel_error(to_host(out), y) <= 1e-6);
-  BOOST_TEST(rel_error(to_host(ddx), dx) <= 1e-5);
-  BOOST_TEST(rel_error(to_host(gw), rgw) <= 1e-5);
-  BOOST_TEST(rel_error(to_host(gb), rgb) <= 1e-5);
 }
 
 BOOST_AUTO_TEST_CASE(cross_entropy_and_gradient_match_float64) {
+  // Rows ld = 1024 apart over a real vocabulary of V = 1000 (not a multiple of
+  // the block): the padding holds large logits that must not count, and its
+  // gradient, written over the logits, must come out zero (the padded rows of
+  // the tied table learn nothing).
   std::mt19937 g(44);
-  const int rows = 13, V = 1000;  // V not a multiple of the block
-  const auto z = normal(std::size_t(rows) * V, g, 3.0);
+  const int rows = 13, V = 1000, ld = 1024;
+  auto z = normal(std::size_t(rows) * ld, g, 3.0);
+  for (int r = 0; r < rows; ++r)
+    for (int c = V; c < ld; ++c) z[std::size_t(r) * ld + std::size_t(c)] = 50.0f;
   std::vector<std::uint16_t> target(static_cast<std::size_t>(rows));
   for (auto& t : target) t = std::uint16_t(g() % unsigned(V));
-  auto dz_in = to_device(z);
+  auto dz = to_device(z);  // the logits, then (in place) their gradient
   auto dt = to_device(target);
-  dbuf<float> dz(z.size());
   dbuf<double> loss(1);
   TESSERA_CUDA(cudaMemset(loss.data(), 0, sizeof(double)));
   const float scale = 0.37f;
-  gpt::kernels::cross_entropy_kernel<float><<<rows, 256>>>(dz_in.data(), dt.data(), V, scale, dz.data(), loss.data());
+  gpt::kernels::cross_entropy_kernel<float><<<rows, 256>>>(dz.data(), dt.data(), V, ld, scale, true, loss.data());
   TESSERA_CUDA(cudaGetLastError());
   device_sync();
-  std::vector<double> ref_dz(z.size());
+  std::vector<double> ref_dz(z.size(), 0.0);
   double ref_loss = 0;
   for (int r = 0; r < rows; ++r) {
-    const float* zr = z.data() + std::size_t(r) * V;
+    const float* zr = z.data() + std::size_t(r) * ld;
     const double mx = *std::max_element(zr, zr + V);
     double sum = 0;
     for (int c = 0; c < V; ++c) sum += std::exp(zr[c] - mx);
     ref_loss += std::log(sum) + mx - zr[target[std::size_t(r)]];
     for (int c = 0; c < V; ++c)
-      ref_dz[std::size_t(r) * V + c] = (std::exp(zr[c] - mx) / sum - (c == target[std::size_t(r)] ? 1.0 : 0.0)) * scale;
+      ref_dz[std::size_t(r) * ld + std::size_t(c)] =
+          (std::exp(zr[c] - mx) / sum - (c == target[std::size_t(r)] ? 1.0 : 0.0)) * scale;
   }
   BOOST_TEST(std::abs(to_host(loss)[0] - ref_loss) <= 1e-5 * ref_loss);
   BOOST_TEST(rel_error(to_host(dz), ref_dz) <= 1e-5);

@@ -1,11 +1,20 @@
 #pragma once
 // GPT-2's forward and backward on the CUDA backend, the same protocol and
-// arithmetic as host_compute.hpp: cuBLAS GEMMs on compute-type operands (fp32
-// or bf16) with fp32 outputs, cuda_kernels.cuh for the rest. The residual
-// stream, GEMM outputs and LayerNorm statistics are fp32; the classifier
-// runs in chunks of rows, so the fp32 logits of the whole batch are never in
-// memory. Attention is cuda_flash.cuh's tensor-core kernels in bf16 and the
-// exact kernels of cuda_kernels.cuh in fp32.
+// arithmetic as host_compute.hpp: cuBLASLt products on compute-type operands
+// (fp32 or bf16), cuda_kernels.cuh for the rest. The residual stream, the
+// products that feed it and LayerNorm statistics are fp32; the classifier
+// runs in chunks of rows over the padded vocabulary (its logits in the
+// compute type, as under PyTorch autocast, and their gradient written over
+// them), so the logits of
+// the whole batch are never in memory. Attention is cuda_flash.cuh's
+// tensor-core kernels in bf16 and the exact kernels of cuda_kernels.cuh in
+// fp32.
+//
+// bf16: each product with a cuBLASLt epilogue (bias, bias + GELU keeping the
+// GELU input, GELU gradient, bias gradient) runs fused where cuBLASLt has the
+// form and it measures faster (trainer_kit::product_forms, timed in the first
+// step); the GELU input is kept in bf16, as under PyTorch autocast. fp32: the
+// separate forms only, so that the GPU matches the host backend.
 #include <algorithm>
 #include <cstdint>
 #include <span>
@@ -20,9 +29,10 @@
 #include "gpt/data.hpp"
 #include "gpt/host_compute.hpp"
 #include "gpt/model.hpp"
-#include "tessera/backend/cuda/blas.hpp"
+#include "tessera/backend/cuda/blaslt.hpp"
 #include "tessera/backend/cuda/buffer.hpp"
 #include "tessera/backend/cuda/stream.hpp"
+#include "trainer_kit/product_forms.cuh"
 
 namespace gpt {
 
@@ -31,40 +41,52 @@ class cuda_gpt {
   using C = typename Wrapper::compute_type;
   static_assert(std::is_same_v<typename Wrapper::grad_type, float>, "the GPU trainer accumulates fp32 gradients");
   template <class T> using dbuf = tessera::cuda::buffer<T>;
-  // Rows of logits the classifier holds at once (fp32 rows x vocab).
+  // Rows of logits the classifier holds at once (rows x padded vocabulary, in C).
   static constexpr std::size_t chunk_rows = 1024;
+  // The products with a fused and a separate form (trainer_kit::product_forms).
+  enum product : std::size_t { qkv_fwd, proj_fwd, fc_fwd, fcproj_fwd, fc_dgelu, fcproj_wgrad, fc_wgrad, proj_wgrad,
+                               qkv_wgrad, products };
 
 public:
   static constexpr const char* backend_name = "cuda";
 
   cuda_gpt(Wrapper& m, const model_ids& ids, const model_shape& s, int batch, net_options o = {})
       : m_(m), ids_(ids), s_(s), o_(o), n_max_(std::size_t(batch) * std::size_t(s.seq)) {
+    TESSERA_CHECK(s.d <= kernels::layernorm_backward_max_d, "the CUDA LayerNorm backward holds 2 d floats in shared "
+                  "memory: --d at most ", kernels::layernorm_backward_max_d);
     TESSERA_CHECK(flash_ || s.seq <= 8192, "the exact CUDA attention keeps a row of scores in shared memory: --seq at most 8192");
     const std::size_t n = n_max_, D = std::size_t(s.d), L = std::size_t(s.layers), slots = o.recompute ? 1 : L;
     x_ = dbuf<float>((L + 1) * n * D);
     stats_ = dbuf<float>(slots * 4 * n + 2 * n);  // per block: mean, rstd of both LayerNorms; then the final one's
     lse_ = dbuf<float>(slots * n * std::size_t(s.heads));
-    qkv_ = dbuf<float>(slots * 3 * n * D);
+    qkv_ = dbuf<C>(slots * 3 * n * D);
     xmid_ = dbuf<float>(slots * n * D);
-    h_ = dbuf<float>(slots * 4 * n * D);
+    h_ = dbuf<C>(slots * 4 * n * D);
+    bias32_ = dbuf<float>(4 * D);
     xn1_ = dbuf<C>(slots * n * D), y_ = dbuf<C>(slots * n * D), xn2_ = dbuf<C>(slots * n * D);
     xf_ = dbuf<C>(n * D);
     act_ = dbuf<C>(4 * n * D);  // GELU output (forward and backward), then dH
     big_ = dbuf<float>(4 * n * D);  // dA, dqkv
     big_c_ = dbuf<C>(3 * n * D);    // dqkv in C
-    dx_ = dbuf<float>(n * D), dsmall_ = dbuf<float>(n * D), dx_c_ = dbuf<C>(n * D);
+    dx_ = dbuf<float>(n * D), dsmall_ = dbuf<float>(n * D), dx_c_ = dbuf<C>(n * D), dy_c_ = dbuf<C>(n * D);
     const std::size_t rows = std::min(chunk_rows, n);
-    z_ = dbuf<float>(rows * std::size_t(s.vocab));
-    dz_ = dbuf<C>(rows * std::size_t(s.vocab));
+    z_ = dbuf<C>(rows * std::size_t(s.padded_vocab()));  // logits, then their gradient in place
     tok_ = dbuf<std::uint16_t>(2 * n);
     loss_ = dbuf<double>(1);
     if (flash_) dvec_ = dbuf<float>(n * std::size_t(s.heads));
     TESSERA_CUDA(cudaMemsetAsync(loss_.data(), 0, sizeof(double), stream()));
+    const bool fp32 = std::is_same_v<C, float>;  // separate forms only: the host's arithmetic
+    // Weight gradients accumulate, so they cannot run twice to be timed: fused wherever cuBLASLt can.
+    for (std::size_t p = 0; p < products; ++p)
+      if (p >= fcproj_wgrad) forms_.force(p, true, !fp32 && fusable(product(p)));
+      else forms_.allow(p, !fp32 && fusable(product(p)));
   }
 
   //! Which attention kernels run: the flash kernels on tensor cores (bf16 compute, head
   //! dimension 64, sm_80 or newer), else the exact fp32 ones (cuda_kernels.cuh).
   [[nodiscard]] const char* attention_name() const { return flash_ ? "flash (bf16 tensor cores)" : "exact (fp32, a row per block)"; }
+  //! The form each product with a cuBLASLt epilogue runs in (after the first step: the timings that chose it).
+  [[nodiscard]] std::string products_used() const { return forms_.describe(); }
   [[nodiscard]] static bool uses_flash(const model_shape& s) {
     return !std::is_same_v<C, float> && s.head_dim() == flash::head_dim && flash::supported();
   }
@@ -72,16 +94,17 @@ public:
   //! Device bytes this class holds, for the memory estimate.
   [[nodiscard]] static std::size_t workspace_bytes(const model_shape& s, int batch, net_options o = {}) {
     const std::size_t n = std::size_t(batch) * std::size_t(s.seq), D = std::size_t(s.d), L = std::size_t(s.layers),
-                      slots = o.recompute ? 1 : L, rows = std::min(chunk_rows, n), V = std::size_t(s.vocab);
+                      slots = o.recompute ? 1 : L, rows = std::min(chunk_rows, n), V = std::size_t(s.padded_vocab());
     return sizeof(float) * ((L + 1) * n * D + slots * 4 * n + 2 * n + slots * n * std::size_t(s.heads) +
-                            slots * 3 * n * D + slots * n * D + slots * 4 * n * D + 4 * n * D + 2 * n * D + rows * V) +
-           sizeof(C) * (3 * slots * n * D + n * D + 4 * n * D + 3 * n * D + n * D + rows * V) +
+                            slots * n * D + 4 * D + 4 * n * D + 2 * n * D) +
+           sizeof(C) * (slots * 3 * n * D + slots * 4 * n * D + 3 * slots * n * D + n * D + 4 * n * D + 3 * n * D +
+                        2 * n * D + rows * V) +
            sizeof(std::uint16_t) * 2 * n + sizeof(double) + (uses_flash(s) ? sizeof(float) * n * std::size_t(s.heads) : 0);
   }
 
   void forward_backward(const std::uint16_t* seqs, int batch, double global_tokens) {
     const std::size_t B = std::size_t(batch), T = std::size_t(s_.seq), n = B * T, D = std::size_t(s_.d),
-                      V = std::size_t(s_.vocab);
+                      V = std::size_t(s_.vocab), Vp = std::size_t(s_.padded_vocab());
     TESSERA_CHECK(n <= n_max_, "micro-batch of ", batch, " sequences over the planned ", n_max_ / T);
     upload(seqs, B, T);
     auto se = m_.gather(ids_.embed);  // held to the end: lookup, head, embedding backward
@@ -91,17 +114,18 @@ public:
     float* g_wte = se.grad(ids_.wte).data();
     const float scale = float(1.0 / global_tokens);
     head(E, n, [&](std::size_t r0, std::size_t rows) {
-      kernels::cross_entropy_kernel<C><<<unsigned(rows), 256, 0, stream()>>>(z_.data(), targets() + r0, int(V), scale,
-                                                                            dz_.data(), loss_.data());
+      kernels::cross_entropy_kernel<C><<<unsigned(rows), 256, 0, stream()>>>(z_.data(), targets() + r0, int(V), int(Vp),
+                                                                            scale, true, loss_.data());
       check_launch();
-      gemm(true, false, int(V), int(D), int(rows), 1.0f, dz_.data(), xf_.data() + r0 * D, 1.0f, g_wte);
-      gemm(false, false, int(rows), int(D), int(V), 1.0f, dz_.data(), wte, 0.0f, dsmall_.data() + r0 * D);
+      // Over the padded vocabulary: dz is zero there, so the padded rows of wte get no gradient.
+      gemm(true, false, int(Vp), int(D), int(rows), 1.0f, z_.data(), xf_.data() + r0 * D, 1.0f, g_wte);
+      gemm(false, false, int(rows), int(D), int(Vp), 1.0f, z_.data(), wte, 0.0f, dsmall_.data() + r0 * D);
     });
     TESSERA_CUDA(cudaMemsetAsync(dx_.data(), 0, n * D * sizeof(float), stream()));
     float* st = stats_.data() + stats_.size() - 2 * n_max_;
-    kernels::layernorm_backward_kernel<C><<<rows_grid(n), 256, 0, stream()>>>(
-        dsmall_.data(), x_.data() + std::size_t(s_.layers) * n_max_ * D, E + m_.slot(ids_.lnf_w).offset, st,
-        st + n_max_, dx_.data(), se.grad(ids_.lnf_w).data(), se.grad(ids_.lnf_b).data(), int(n), int(D));
+    kernels::layernorm_backward<C>(dsmall_.data(), x_.data() + std::size_t(s_.layers) * n_max_ * D,
+                                   E + m_.slot(ids_.lnf_w).offset, st, st + n_max_, dx_.data(), dx_c_.data(),
+                                   se.grad(ids_.lnf_w).data(), se.grad(ids_.lnf_b).data(), int(n), int(D), stream());
     check_launch();
     for (int l = s_.layers - 1; l >= 0; --l) backward_block(l, B, T);
     kernels::embed_backward_kernel<float><<<grid(n * D), 256, 0, stream()>>>(
@@ -120,8 +144,9 @@ public:
     const C* E = se.weights().data();
     forward_blocks(E, B, T);
     head(E, n, [&](std::size_t r0, std::size_t rows) {
-      kernels::cross_entropy_kernel<C><<<unsigned(rows), 256, 0, stream()>>>(z_.data(), targets() + r0, int(V), 0.0f,
-                                                                            static_cast<C*>(nullptr), loss.data());
+      kernels::cross_entropy_kernel<C><<<unsigned(rows), 256, 0, stream()>>>(z_.data(), targets() + r0, int(V),
+                                                                            s_.padded_vocab(), 0.0f, false,
+                                                                            loss.data());
       check_launch();
     });
     double out = 0;
@@ -140,14 +165,14 @@ public:
     auto se = m_.gather(ids_.embed);
     const C* E = se.weights().data();
     forward_blocks(E, 1, T);
-    std::vector<float> out(V);
+    std::vector<C> last(V);
     head(E, T, [&](std::size_t r0, std::size_t rows) {
       if (r0 + rows == T)
-        TESSERA_CUDA(cudaMemcpyAsync(out.data(), z_.data() + (rows - 1) * V, V * sizeof(float), cudaMemcpyDeviceToHost,
-                                     stream()));
+        TESSERA_CUDA(cudaMemcpyAsync(last.data(), z_.data() + (rows - 1) * std::size_t(s_.padded_vocab()),
+                                     V * sizeof(C), cudaMemcpyDeviceToHost, stream()));
     });
     TESSERA_CUDA(cudaStreamSynchronize(stream()));
-    return out;
+    return std::vector<float>(last.begin(), last.end());
   }
 
   void finish_loss() {
@@ -163,11 +188,18 @@ public:
 
 private:
   static cudaStream_t stream() { return tessera::cuda::current_stream(); }
-  // Every product: fp32 accumulation, and strict fp32 (no TF32) for fp32
-  // operands, so that the GPU matches the host backend.
+  // Every product: cuBLASLt, fp32 accumulation, and strict fp32 (no TF32) for
+  // fp32 operands, so that the GPU matches the host backend.
+  template <class TD> using problem = tessera::cuda::matmul_problem<C, TD>;
+  using epilogue = tessera::cuda::epilogue;
+  template <class TD>
+  static void mm(problem<TD> p) {
+    p.tf32 = false;
+    tessera::cuda::matmul(p);
+  }
   template <class T, class TC>
   static void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const T* a, const T* b, float beta, TC* c) {
-    tessera::cuda::gemm(ta, tb, m, n, k, alpha, a, b, beta, c, /*tf32=*/false);
+    mm<TC>({.trans_a = ta, .trans_b = tb, .m = m, .n = n, .k = k, .a = a, .b = b, .d = c, .alpha = alpha, .beta = beta});
   }
   static void check_launch() { TESSERA_CUDA(cudaGetLastError()); }
   static unsigned grid(std::size_t total) { return unsigned(std::min<std::size_t>((total + 255) / 256, 32768)); }
@@ -185,15 +217,16 @@ private:
   }
 
   struct slot {
-    float *mean1, *rstd1, *mean2, *rstd2, *qkv, *lse, *xmid, *h;
-    C *xn1, *y, *xn2;
+    float *mean1 = nullptr, *rstd1 = nullptr, *mean2 = nullptr, *rstd2 = nullptr, *lse = nullptr, *xmid = nullptr;
+    C *qkv = nullptr, *h = nullptr, *xn1 = nullptr, *y = nullptr, *xn2 = nullptr;  // qkv: what attention reads; h: the GELU input
   };
   slot slot_of(int l) {
     const std::size_t n = n_max_, D = std::size_t(s_.d), k = std::size_t(o_.recompute ? 0 : l);
     float* st = stats_.data() + k * 4 * n;
-    return {st, st + n, st + 2 * n, st + 3 * n, qkv_.data() + k * 3 * n * D, lse_.data() + k * n * std::size_t(s_.heads),
-            xmid_.data() + k * n * D, h_.data() + k * 4 * n * D, xn1_.data() + k * n * D, y_.data() + k * n * D,
-            xn2_.data() + k * n * D};
+    return {.mean1 = st, .rstd1 = st + n, .mean2 = st + 2 * n, .rstd2 = st + 3 * n,
+            .lse = lse_.data() + k * n * std::size_t(s_.heads), .xmid = xmid_.data() + k * n * D,
+            .qkv = qkv_.data() + k * 3 * n * D, .h = h_.data() + k * 4 * n * D, .xn1 = xn1_.data() + k * n * D,
+            .y = y_.data() + k * n * D, .xn2 = xn2_.data() + k * n * D};
   }
   using block_weights = gpt::block_weights<C>;
   block_weights weights_of(const block_ids& b, const C* w) const { return gpt::weights_of(m_, b, w); }
@@ -222,6 +255,32 @@ private:
     check_launch();
   }
 
+  // A bias in C as fp32 (bias32_), for an epilogue whose output is fp32.
+  const float* widen(const C* b, std::size_t n) {
+    if constexpr (std::is_same_v<C, float>) {
+      return b;
+    } else {
+      kernels::widen_kernel<C><<<grid(n), 256, 0, stream()>>>(b, bias32_.data(), int(n));
+      check_launch();
+      return bias32_.data();
+    }
+  }
+  // y (fp32, rows of cols) += b.
+  void add_bias(float* y, const C* b, std::size_t n, std::size_t cols) {
+    kernels::bias_kernel<C><<<grid(n * cols), 256, 0, stream()>>>(y, b, n, int(cols));
+    check_launch();
+  }
+  // d (fp32) = c + a w^T + b over n rows: a residual branch (c: the stream it joins, or null).
+  void linear(product p, const C* a, const C* w, const C* b, const float* c, float* d, std::size_t n, std::size_t out,
+              std::size_t in) {
+    forms_.run(p, [&](bool fuse) {
+      mm<float>({.trans_b = true, .m = int(n), .n = int(out), .k = int(in), .a = a, .b = w, .d = d,
+                 .beta = c ? 1.0f : 0.0f, .ep = fuse ? epilogue::bias : epilogue::none,
+                 .bias = fuse ? widen(b, out) : nullptr, .c = c});
+      if (!fuse) add_bias(d, b, n, out);
+    });
+  }
+
   void forward_block(const block_weights& w, int l, std::size_t B, std::size_t T) {
     const std::size_t n = B * T, D = std::size_t(s_.d), H4 = 4 * D;
     const float* xin = x_.data() + std::size_t(l) * n_max_ * D;
@@ -229,26 +288,51 @@ private:
     const slot a = slot_of(l);
     kernels::layernorm_kernel<C><<<rows_grid(n), 256, 0, stream()>>>(xin, w.ln1_w, w.ln1_b, a.xn1, a.mean1, a.rstd1, int(n), int(D));
     check_launch();
-    gemm(false, true, int(n), int(3 * D), int(D), 1.0f, a.xn1, w.qkv_w, 0.0f, a.qkv);
-    kernels::bias_kernel<C><<<grid(n * 3 * D), 256, 0, stream()>>>(a.qkv, w.qkv_b, n, int(3 * D));
-    check_launch();
+    forms_.run(qkv_fwd, [&](bool fuse) {  // qkv = xn1 Wqkv^T + bqkv, in C
+      mm<C>({.trans_b = true, .m = int(n), .n = int(3 * D), .k = int(D), .a = a.xn1, .b = w.qkv_w, .d = a.qkv,
+             .ep = fuse ? epilogue::bias : epilogue::none, .bias = fuse ? w.qkv_b : nullptr});
+      if (fuse) return;
+      kernels::bias_kernel<C, C><<<grid(n * 3 * D), 256, 0, stream()>>>(a.qkv, w.qkv_b, n, int(3 * D));
+      check_launch();
+    });
     attention(a, B, T);
-    TESSERA_CUDA(cudaMemcpyAsync(a.xmid, xin, n * D * sizeof(float), cudaMemcpyDeviceToDevice, stream()));
-    gemm(false, true, int(n), int(D), int(D), 1.0f, a.y, w.proj_w, 1.0f, a.xmid);
-    kernels::bias_kernel<C><<<grid(n * D), 256, 0, stream()>>>(a.xmid, w.proj_b, n, int(D));
-    check_launch();
+    linear(proj_fwd, a.y, w.proj_w, w.proj_b, xin, a.xmid, n, D, D);  // xmid = x + y Wp^T + bp
     kernels::layernorm_kernel<C><<<rows_grid(n), 256, 0, stream()>>>(a.xmid, w.ln2_w, w.ln2_b, a.xn2, a.mean2, a.rstd2, int(n), int(D));
     check_launch();
-    gemm(false, true, int(n), int(H4), int(D), 1.0f, a.xn2, w.fc_w, 0.0f, a.h);
-    kernels::bias_gelu_kernel<C><<<grid(n * H4), 256, 0, stream()>>>(a.h, w.fc_b, act_.data(), n, int(H4));
-    check_launch();
-    TESSERA_CUDA(cudaMemcpyAsync(xout, a.xmid, n * D * sizeof(float), cudaMemcpyDeviceToDevice, stream()));
-    gemm(false, true, int(n), int(D), int(H4), 1.0f, act_.data(), w.fc_proj_w, 1.0f, xout);
-    kernels::bias_kernel<C><<<grid(n * D), 256, 0, stream()>>>(xout, w.fc_proj_b, n, int(D));
+    // act = gelu(h), h = xn2 Wfc^T + bfc kept for backward
+    forms_.run(fc_fwd, [&](bool fuse) {
+      if (fuse) {
+        mm<C>({.trans_b = true, .m = int(n), .n = int(H4), .k = int(D), .a = a.xn2, .b = w.fc_w, .d = act_.data(),
+               .ep = epilogue::gelu_aux_bias, .bias = w.fc_b, .aux = a.h});
+      } else {
+        mm<C>({.trans_b = true, .m = int(n), .n = int(H4), .k = int(D), .a = a.xn2, .b = w.fc_w, .d = a.h});
+        kernels::bias_gelu_kernel<C, C><<<grid(n * H4), 256, 0, stream()>>>(a.h, w.fc_b, act_.data(), n, int(H4));
+        check_launch();
+      }
+    });
+    linear(fcproj_fwd, act_.data(), w.fc_proj_w, w.fc_proj_b, a.xmid, xout, n, D, H4);  // x' = xmid + act Wp^T + bp
+  }
+
+  // dW (+)= dY^T X over n rows (fp32), and db (+)= the column sums of dY: in
+  // the product's epilogue (cuBLASLt writes them into scratch, added to db),
+  // or summed apart from dY32 (fp32, where the caller has it) or dY.
+  void weight_grad(product p, const C* dY, const float* dY32, const C* X, std::size_t n, std::size_t out,
+                   std::size_t in, float* dW, float* db) {
+    const bool fuse = forms_.state(p) == 1;
+    mm<float>({.trans_a = true, .m = int(out), .n = int(in), .k = int(n), .a = dY, .b = X, .d = dW, .beta = 1.0f,
+               .ep = fuse ? epilogue::bgrad_a : epilogue::none, .bias_grad = fuse ? bias32_.data() : nullptr});
+    if (fuse) {
+      kernels::add_kernel<float><<<grid(out), 256, 0, stream()>>>(bias32_.data(), db, int(out));
+      check_launch();
+      return;
+    }
+    const dim3 g(unsigned((out + 255) / 256), unsigned((n + 255) / 256));
+    if (dY32) kernels::column_sum_kernel<<<g, 256, 0, stream()>>>(dY32, int(n), int(out), db);
+    else kernels::column_sum_kernel<<<g, 256, 0, stream()>>>(dY, int(n), int(out), db);
     check_launch();
   }
 
-  // dx_ holds d loss / d x_{l+1}; leaves d loss / d x_l.
+  // dx_ holds d loss / d x_{l+1} (and dx_c_ the same in C); leaves d loss / d x_l.
   void backward_block(int l, std::size_t B, std::size_t T) {
     const auto& b = ids_.blocks[std::size_t(l)];
     auto sc = m_.gather(b.unit);
@@ -259,38 +343,32 @@ private:
     const slot a = slot_of(l);
     float* dX = dx_.data();
     C* dXc = dx_c_.data();
-    auto to_c = [&](const float* from, C* to, std::size_t total) {
-      kernels::convert_kernel<C><<<grid(total), 256, 0, stream()>>>(from, to, total);
-      check_launch();
-    };
-    auto col_sums = [&](const auto* y, std::size_t cols, float* into) {
-      const dim3 g(unsigned((cols + 255) / 256), unsigned((n + 255) / 256));
-      kernels::column_sum_kernel<<<g, 256, 0, stream()>>>(y, int(n), int(cols), into);
-      check_launch();
-    };
+    auto g = [&](tessera::param_id p) { return sc.grad(p).data(); };
     // MLP: x_{l+1} = xmid + gelu(xn2 Wfc^T + bfc) Wp^T + bp
-    to_c(dX, dXc, n * D);
-    kernels::gelu_kernel<C><<<grid(n * H4), 256, 0, stream()>>>(a.h, act_.data(), n * H4);
+    kernels::gelu_kernel<C, C><<<grid(n * H4), 256, 0, stream()>>>(a.h, act_.data(), n * H4);  // act again
     check_launch();
-    gemm(true, false, int(D), int(H4), int(n), 1.0f, dXc, act_.data(), 1.0f, sc.grad(b.fc_proj_w).data());
-    col_sums(dX, D, sc.grad(b.fc_proj_b).data());
-    float* dA = big_.data();
-    gemm(false, false, int(n), int(H4), int(D), 1.0f, dXc, w.fc_proj_w, 0.0f, dA);
-    C* dH = act_.data();
-    kernels::gelu_backward_kernel<C><<<grid(n * H4), 256, 0, stream()>>>(dA, a.h, dH, n * H4);
-    check_launch();
-    gemm(true, false, int(H4), int(D), int(n), 1.0f, dH, a.xn2, 1.0f, sc.grad(b.fc_w).data());
-    col_sums(dH, H4, sc.grad(b.fc_b).data());
+    weight_grad(fcproj_wgrad, dXc, dX, act_.data(), n, D, H4, g(b.fc_proj_w), g(b.fc_proj_b));
+    C* dH = act_.data();  // act is dead now
+    forms_.run(fc_dgelu, [&](bool fuse) {  // dH = (dX Wp) gelu'(h)
+      if (fuse) {
+        mm<C>({.m = int(n), .n = int(H4), .k = int(D), .a = dXc, .b = w.fc_proj_w, .d = dH, .ep = epilogue::dgelu,
+               .aux = a.h});
+      } else {
+        float* dA = big_.data();
+        gemm(false, false, int(n), int(H4), int(D), 1.0f, dXc, w.fc_proj_w, 0.0f, dA);
+        kernels::gelu_backward_kernel<C, C><<<grid(n * H4), 256, 0, stream()>>>(dA, a.h, dH, n * H4);
+        check_launch();
+      }
+    });
+    weight_grad(fc_wgrad, dH, nullptr, a.xn2, n, H4, D, g(b.fc_w), g(b.fc_b));
     float* dxn = dsmall_.data();
     gemm(false, false, int(n), int(D), int(H4), 1.0f, dH, w.fc_w, 0.0f, dxn);
-    kernels::layernorm_backward_kernel<C><<<rows_grid(n), 256, 0, stream()>>>(
-        dxn, a.xmid, w.ln2_w, a.mean2, a.rstd2, dX, sc.grad(b.ln2_w).data(), sc.grad(b.ln2_b).data(), int(n), int(D));
+    kernels::layernorm_backward<C>(dxn, a.xmid, w.ln2_w, a.mean2, a.rstd2, dX, dXc, g(b.ln2_w), g(b.ln2_b), int(n),
+                                   int(D), stream());
     check_launch();
     // attention: xmid = x_l + y Wproj^T + bproj
-    to_c(dX, dXc, n * D);
-    gemm(true, false, int(D), int(D), int(n), 1.0f, dXc, a.y, 1.0f, sc.grad(b.proj_w).data());
-    col_sums(dX, D, sc.grad(b.proj_b).data());
-    float* dY = dsmall_.data();
+    weight_grad(proj_wgrad, dXc, dX, a.y, n, D, D, g(b.proj_w), g(b.proj_b));
+    C* dY = dy_c_.data();
     gemm(false, false, int(n), int(D), int(D), 1.0f, dXc, w.proj_w, 0.0f, dY);
     float* dQKV = big_.data();
     TESSERA_CUDA(cudaMemsetAsync(dQKV, 0, n * 3 * D * sizeof(float), stream()));
@@ -298,27 +376,66 @@ private:
       flash::backward<C>(dY, a.qkv, a.y, a.lse, dvec_.data(), dQKV, int(B), int(T), s_.heads, stream());
       check_launch();
     } else {
-      const dim3 g(unsigned(T), unsigned(B * std::size_t(s_.heads)));
-      kernels::attention_backward_kernel<C><<<g, 128, (T + 32) * sizeof(float), stream()>>>(
+      const dim3 gr(unsigned(T), unsigned(B * std::size_t(s_.heads)));
+      kernels::attention_backward_kernel<C><<<gr, 128, (T + 32) * sizeof(float), stream()>>>(
           dY, a.qkv, a.y, a.lse, dQKV, int(T), s_.heads, s_.head_dim());
       check_launch();
     }
     C* dQKVc = big_c_.data();
-    to_c(dQKV, dQKVc, n * 3 * D);
-    gemm(true, false, int(3 * D), int(D), int(n), 1.0f, dQKVc, a.xn1, 1.0f, sc.grad(b.qkv_w).data());
-    col_sums(dQKV, 3 * D, sc.grad(b.qkv_b).data());
+    kernels::convert_kernel<C><<<grid(n * 3 * D), 256, 0, stream()>>>(dQKV, dQKVc, n * 3 * D);
+    check_launch();
+    weight_grad(qkv_wgrad, dQKVc, dQKV, a.xn1, n, 3 * D, D, g(b.qkv_w), g(b.qkv_b));
     gemm(false, false, int(n), int(D), int(3 * D), 1.0f, dQKVc, w.qkv_w, 0.0f, dxn);
-    kernels::layernorm_backward_kernel<C><<<rows_grid(n), 256, 0, stream()>>>(
-        dxn, xin, w.ln1_w, a.mean1, a.rstd1, dX, sc.grad(b.ln1_w).data(), sc.grad(b.ln1_b).data(), int(n), int(D));
+    kernels::layernorm_backward<C>(dxn, xin, w.ln1_w, a.mean1, a.rstd1, dX, dXc, g(b.ln1_w), g(b.ln1_b), int(n),
+                                   int(D), stream());
     check_launch();
     sc.reduce_grads();
   }
 
+  // Whether cuBLASLt has product p's fused form at this model's shapes.
+  bool fusable(product p) {
+    const int n = int(n_max_), D = s_.d, H4 = 4 * D;
+    C* anyc = act_.data();
+    float* anyf = big_.data();
+    auto fwd = [&](int out, int in) {
+      return tessera::cuda::matmul_supported(problem<float>{.trans_b = true, .m = n, .n = out, .k = in, .a = anyc,
+                                                            .b = anyc, .d = anyf, .beta = 1, .ep = epilogue::bias,
+                                                            .bias = anyf, .c = anyf});
+    };
+    auto wgrad = [&](int out, int in) {
+      return tessera::cuda::matmul_supported(problem<float>{.trans_a = true, .m = out, .n = in, .k = n, .a = anyc,
+                                                            .b = anyc, .d = anyf, .beta = 1, .ep = epilogue::bgrad_a,
+                                                            .bias_grad = anyf});
+    };
+    switch (p) {
+      case qkv_fwd:
+        return tessera::cuda::matmul_supported(problem<C>{.trans_b = true, .m = n, .n = 3 * D, .k = D, .a = anyc,
+                                                          .b = anyc, .d = anyc, .ep = epilogue::bias, .bias = anyc});
+      case proj_fwd: return fwd(D, D);
+      case fcproj_fwd: return fwd(D, H4);
+      case fc_fwd:
+        return tessera::cuda::matmul_supported(problem<C>{.trans_b = true, .m = n, .n = H4, .k = D, .a = anyc,
+                                                          .b = anyc, .d = anyc, .ep = epilogue::gelu_aux_bias,
+                                                          .bias = anyc, .aux = anyc});
+      case fc_dgelu:
+        return tessera::cuda::matmul_supported(problem<C>{.m = n, .n = H4, .k = D, .a = anyc, .b = anyc, .d = anyc,
+                                                          .ep = epilogue::dgelu, .aux = anyc});
+      case fcproj_wgrad: return wgrad(D, H4);
+      case fc_wgrad: return wgrad(H4, D);
+      case proj_wgrad: return wgrad(D, D);
+      case qkv_wgrad: return wgrad(3 * D, D);
+      default: return false;
+    }
+  }
+
   // The final LayerNorm and the tied classifier over n rows, chunk by chunk:
-  // f(first row, rows) with the chunk's fp32 logits in z_.
+  // f(first row, rows) with the chunk's logits (in C) in z_, rows of the padded
+  // vocabulary (the padded rows of wte are zero: their logits are never read).
+  // The padding keeps every row of the classifier's GEMMs 16-byte aligned:
+  // over GPT-2's odd 50257 cuBLAS falls back to kernels three times slower.
   template <class F>
   void head(const C* E, std::size_t n, F&& f) {
-    const std::size_t D = std::size_t(s_.d), V = std::size_t(s_.vocab);
+    const std::size_t D = std::size_t(s_.d), V = std::size_t(s_.padded_vocab());
     float* st = stats_.data() + stats_.size() - 2 * n_max_;
     kernels::layernorm_kernel<C><<<rows_grid(n), 256, 0, stream()>>>(
         x_.data() + std::size_t(s_.layers) * n_max_ * D, E + m_.slot(ids_.lnf_w).offset, E + m_.slot(ids_.lnf_b).offset,
@@ -340,8 +457,11 @@ private:
   bool flash_ = uses_flash(s_);
   std::size_t n_max_;
   double finished_ = 0;
-  dbuf<float> x_, stats_, lse_, qkv_, xmid_, h_, big_, dx_, dsmall_, z_, dvec_;
-  dbuf<C> xn1_, y_, xn2_, xf_, act_, big_c_, dx_c_, dz_;
+  dbuf<float> x_, stats_, lse_, xmid_, big_, dx_, dsmall_, dvec_, bias32_;
+  dbuf<C> qkv_, h_, xn1_, y_, xn2_, xf_, act_, big_c_, dx_c_, dy_c_, z_;
+  trainer_kit::product_forms<products> forms_{{"qkv + bias", "proj + bias + residual", "fc + bias, GELU",
+                                               "fc_proj + bias + residual", "GELU gradient", "dW fc_proj, db",
+                                               "dW fc, db", "dW proj, db", "dW qkv, db"}};
   dbuf<std::uint16_t> tok_;
   dbuf<double> loss_;
   std::vector<std::uint16_t> host_tok_;

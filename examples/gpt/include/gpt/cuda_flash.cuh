@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "tessera/core/dtype.hpp"
 
@@ -31,8 +32,8 @@ inline constexpr int pitch = 72;  // bf16 per shared-memory row: 64 + 8 keeps fr
 inline constexpr int threads = 128;
 using bf16 = __nv_bfloat16;
 
-//! Shared memory of the backward kernel: six bf16 tiles and two rows of 64 floats.
-inline constexpr std::size_t backward_smem = 6 * std::size_t(tile) * pitch * sizeof(bf16) + 2 * tile * sizeof(float);
+//! Shared memory of the backward kernel: four bf16 tiles and two rows of 64 floats.
+inline constexpr std::size_t backward_smem = 4 * std::size_t(tile) * pitch * sizeof(bf16) + 2 * tile * sizeof(float);
 
 namespace detail {
 
@@ -57,6 +58,31 @@ __device__ inline void mma_tile(float (&c)[4], const std::uint32_t (&a)[4], cons
   mma(c, a, ld32(tile_nk + n * pitch + k), ld32(tile_nk + n * pitch + k + 8));
 }
 
+// B fragments of two neighbouring 16x8 tiles from a row-major [k][n] tile in
+// shared memory (rows [k0, k0 + 16), columns [n0, n0 + 16)): ldmatrix.trans
+// hands each thread its k-pairs, so nothing is stored transposed. b[0], b[1]
+// for columns n0.., b[2], b[3] for n0 + 8... Rows are pitch apart: 144 bytes,
+// 16-byte aligned, and eight of them fall on 32 different banks.
+__device__ inline void b_pair_trans(std::uint32_t (&b)[4], const bf16* tile_kn, int k0, int n0) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const int lane = int(threadIdx.x & 31);
+  const bf16* p = tile_kn + (k0 + (lane & 15)) * pitch + n0 + (lane >> 4) * 8;
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+               : "r"(addr));
+#endif
+}
+// c[n-tiles of 8 columns] += a x (rows [k0, k0 + 16) of a row-major [k][64] tile).
+__device__ inline void mma_rows(float (&c)[8][4], const std::uint32_t (&a)[4], const bf16* tile_kn, int k0) {
+  for (int np = 0; np < 4; ++np) {
+    std::uint32_t b[4];
+    b_pair_trans(b, tile_kn, k0, np * 16);
+    mma(c[2 * np], a, b[0], b[1]);
+    mma(c[2 * np + 1], a, b[2], b[3]);
+  }
+}
+
 // The 16x16 A fragment of columns [16 j, 16 j + 16) of a warp's 16 x 64 fp32
 // accumulators (8 tiles of 16x8): the C layout of two neighbouring tiles is
 // the A layout.
@@ -69,12 +95,18 @@ __device__ inline void to_a(const float (&c)[8][4], int j, std::uint32_t (&a)[4]
 
 // A fragments (16 rows x 64 columns) straight from fp32 rows r0..r0+15 of a
 // matrix with row stride `stride`; rows >= T read as zero.
-__device__ inline void load_a(const float* src, std::size_t stride, int r0, int T, std::uint32_t (&a)[4][4]) {
+template <class In>
+__device__ inline void load_a(const In* src, std::size_t stride, int r0, int T, std::uint32_t (&a)[4][4]) {
   const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
   auto pair = [&](int r, int c) -> std::uint32_t {
     if (r >= T) return 0u;
-    const float2 v = *reinterpret_cast<const float2*>(src + std::size_t(r) * stride + std::size_t(c));
-    return pack(v.x, v.y);
+    if constexpr (std::is_same_v<In, float>) {
+      const float2 v = *reinterpret_cast<const float2*>(src + std::size_t(r) * stride + std::size_t(c));
+      return pack(v.x, v.y);
+    } else {  // two bf16 are already a packed pair
+      static_assert(sizeof(In) == 2, "flash attention reads fp32 or bf16");
+      return *reinterpret_cast<const std::uint32_t*>(src + std::size_t(r) * stride + std::size_t(c));
+    }
   };
   for (int ks = 0; ks < 4; ++ks) {
     const int c = ks * 16 + 2 * t;
@@ -85,23 +117,26 @@ __device__ inline void load_a(const float* src, std::size_t stride, int r0, int 
   }
 }
 
-// Rows [r0, r0 + 64) x 64 columns of an fp32 matrix (row stride `stride`) into
-// shared memory as bf16: as they are ([row][col], where rows is given) and/or
-// transposed ([col][row], where cols is given); rows >= T are zero.
-__device__ inline void load_tile(const float* src, std::size_t stride, int r0, int T, bf16* rows, bf16* cols) {
-  for (int k = int(threadIdx.x); k < tile * head_dim / 4; k += int(blockDim.x)) {
-    const int r = k / (head_dim / 4), c = (k % (head_dim / 4)) * 4;
-    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (r0 + r < T) v = *reinterpret_cast<const float4*>(src + std::size_t(r0 + r) * stride + std::size_t(c));
-    if (rows) {
+// Rows [r0, r0 + 64) x 64 columns of an fp32 or bf16 matrix (row stride
+// `stride`) into shared memory as bf16 rows ([row][col], pitch apart); rows
+// >= T are zero. bf16 rows move 16 bytes a thread, fp32 rows are converted.
+template <class In>
+__device__ inline void load_tile(const In* src, std::size_t stride, int r0, int T, bf16* rows) {
+  if constexpr (std::is_same_v<In, float>) {
+    for (int k = int(threadIdx.x); k < tile * head_dim / 4; k += int(blockDim.x)) {
+      const int r = k / (head_dim / 4), c = (k % (head_dim / 4)) * 4;
+      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (r0 + r < T) v = *reinterpret_cast<const float4*>(src + std::size_t(r0 + r) * stride + std::size_t(c));
       *reinterpret_cast<__nv_bfloat162*>(rows + r * pitch + c) = __floats2bfloat162_rn(v.x, v.y);
       *reinterpret_cast<__nv_bfloat162*>(rows + r * pitch + c + 2) = __floats2bfloat162_rn(v.z, v.w);
     }
-    if (cols) {
-      cols[(c + 0) * pitch + r] = __float2bfloat16_rn(v.x);
-      cols[(c + 1) * pitch + r] = __float2bfloat16_rn(v.y);
-      cols[(c + 2) * pitch + r] = __float2bfloat16_rn(v.z);
-      cols[(c + 3) * pitch + r] = __float2bfloat16_rn(v.w);
+  } else {
+    static_assert(sizeof(In) == 2, "flash attention reads fp32 or bf16");
+    for (int k = int(threadIdx.x); k < tile * head_dim / 8; k += int(blockDim.x)) {
+      const int r = k / (head_dim / 8), c = (k % (head_dim / 8)) * 8;
+      uint4 v = make_uint4(0u, 0u, 0u, 0u);
+      if (r0 + r < T) v = *reinterpret_cast<const uint4*>(src + std::size_t(r0 + r) * stride + std::size_t(c));
+      *reinterpret_cast<uint4*>(rows + r * pitch + c) = v;
     }
   }
 }
@@ -122,17 +157,17 @@ inline constexpr float log2e = 1.4426950408889634f;
 //! y = softmax(q k^T scale, causal) v and the rows' natural log-sum-exp,
 //! grid (query tiles, B x H), 128 threads. qkv rows [q | k | v] of 3 H 64
 //! floats; y rows of H 64 in C; lse[(b T + i) H + h].
-template <class C>
-__global__ void __launch_bounds__(threads) forward_kernel(const float* qkv, C* y, float* lse, int T, int H, float scale) {
+template <class C, class In>
+__global__ void __launch_bounds__(threads) forward_kernel(const In* qkv, C* y, float* lse, int T, int H, float scale) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using namespace detail;
   __shared__ __align__(16) bf16 ks[tile * pitch];  // keys [key][dim]
-  __shared__ __align__(16) bf16 vt[tile * pitch];  // values transposed [dim][key]
+  __shared__ __align__(16) bf16 vs[tile * pitch];  // values [key][dim]
   const int qt = int(gridDim.x) - 1 - int(blockIdx.x);  // the longest rows first
   const int b = int(blockIdx.y) / H, h = int(blockIdx.y) % H, d = H * head_dim;
   const std::size_t row = 3 * std::size_t(d);
   const int warp = int(threadIdx.x) >> 5, g = (int(threadIdx.x) & 31) >> 2, t = int(threadIdx.x) & 3;
-  const float* base = qkv + std::size_t(b) * std::size_t(T) * row + std::size_t(h) * head_dim;
+  const In* base = qkv + std::size_t(b) * std::size_t(T) * row + std::size_t(h) * head_dim;
   const int r0 = qt * tile + warp * 16, rows[2] = {r0 + g, r0 + g + 8};
   std::uint32_t qa[4][4];
   load_a(base, row, r0, T, qa);
@@ -140,8 +175,8 @@ __global__ void __launch_bounds__(threads) forward_kernel(const float* qkv, C* y
   float o[8][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   for (int kt = 0; kt <= qt; ++kt) {
     __syncthreads();  // the previous tile is read by every warp
-    load_tile(base + d, row, kt * tile, T, ks, nullptr);
-    load_tile(base + 2 * d, row, kt * tile, T, nullptr, vt);
+    load_tile(base + d, row, kt * tile, T, ks);
+    load_tile(base + 2 * d, row, kt * tile, T, vs);
     __syncthreads();
     float s[8][4] = {};
     for (int nt = 0; nt < 8; ++nt)
@@ -172,7 +207,7 @@ __global__ void __launch_bounds__(threads) forward_kernel(const float* qkv, C* y
     for (int j = 0; j < 4; ++j) {
       std::uint32_t pa[4];
       to_a(s, j, pa);
-      for (int nt = 0; nt < 8; ++nt) mma_tile(o[nt], pa, vt, nt * 8 + g, j * 16 + 2 * t);
+      mma_rows(o, pa, vs, j * 16);  // O += P V
     }
   }
   for (int i = 0; i < 2; ++i) {
@@ -193,13 +228,13 @@ __global__ void __launch_bounds__(threads) forward_kernel(const float* qkv, C* y
 }
 
 //! D[(b T + i) H + h] = dy_i . y_i over the head's 64 columns: a warp per (row, head).
-template <class C>
-__global__ void row_dot_kernel(const float* dy, const C* y, float* D, std::size_t rows_heads) {
+template <class C, class In>
+__global__ void row_dot_kernel(const In* dy, const C* y, float* D, std::size_t rows_heads) {
   const std::size_t w = (std::size_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int lane = int(threadIdx.x) & 31;
   if (w >= rows_heads) return;
   const std::size_t off = w * head_dim;  // (row H + h) 64 = row d + h 64
-  float s = dy[off + lane] * float(y[off + lane]) + dy[off + lane + 32] * float(y[off + lane + 32]);
+  float s = float(dy[off + lane]) * float(y[off + lane]) + float(dy[off + lane + 32]) * float(y[off + lane + 32]);
   for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
   if (lane == 0) D[w] = s;
 }
@@ -208,17 +243,16 @@ __global__ void row_dot_kernel(const float* dy, const C* y, float* D, std::size_
 //! backward_smem bytes of dynamic shared memory. dy rows of H 64 floats; D
 //! from row_dot_kernel; dqkv rows [dq | dk | dv]: dq is added to (zero it
 //! first), dk and dv are written.
-__global__ void __launch_bounds__(threads) backward_kernel(const float* dy, const float* qkv, const float* lse,
+template <class In>
+__global__ void __launch_bounds__(threads) backward_kernel(const In* dy, const In* qkv, const float* lse,
                                                           const float* D, float* dqkv, int T, int H, float scale) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using namespace detail;
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* qs = reinterpret_cast<bf16*>(smem);  // queries [query][dim]
-  bf16* qt_s = qs + tile * pitch;             // queries transposed [dim][query]
-  bf16* gs = qt_s + tile * pitch;             // dO [query][dim]
-  bf16* gt = gs + tile * pitch;               // dO transposed [dim][query]
-  bf16* kt_s = gt + tile * pitch;             // this block's keys transposed [dim][key]
-  bf16* dss = kt_s + tile * pitch;            // dS [query][key]
+  bf16* gs = qs + tile * pitch;               // dO [query][dim]
+  bf16* ks = gs + tile * pitch;               // this block's keys [key][dim]
+  bf16* dss = ks + tile * pitch;              // dS [query][key]
   float* ls = reinterpret_cast<float*>(dss + tile * pitch);  // lse (log2 domain) of the tile's queries
   float* ds_row = ls + tile;                                 // D of the tile's queries
   const int nq = int(gridDim.x), kt = int(blockIdx.x);       // key tile 0 has the most work: first
@@ -226,20 +260,20 @@ __global__ void __launch_bounds__(threads) backward_kernel(const float* dy, cons
   const std::size_t row = 3 * std::size_t(d);
   const int warp = int(threadIdx.x) >> 5, g = (int(threadIdx.x) & 31) >> 2, t = int(threadIdx.x) & 3;
   const std::size_t first = std::size_t(b) * std::size_t(T);
-  const float* base = qkv + first * row + std::size_t(h) * head_dim;
+  const In* base = qkv + first * row + std::size_t(h) * head_dim;
   float* dbase = dqkv + first * row + std::size_t(h) * head_dim;
-  const float* gbase = dy + first * std::size_t(d) + std::size_t(h) * head_dim;
+  const In* gbase = dy + first * std::size_t(d) + std::size_t(h) * head_dim;
   const int k0 = kt * tile + warp * 16, keys[2] = {k0 + g, k0 + g + 8};
   std::uint32_t ka[4][4], va[4][4];
   load_a(base + d, row, k0, T, ka);
   load_a(base + 2 * d, row, k0, T, va);
-  load_tile(base + d, row, kt * tile, T, nullptr, kt_s);
+  load_tile(base + d, row, kt * tile, T, ks);
   const float sl2 = scale * log2e;
   float dk[8][4] = {}, dv[8][4] = {};
   for (int qt = kt; qt < nq; ++qt) {
     __syncthreads();  // every warp is done with the previous tile and its dS
-    load_tile(base, row, qt * tile, T, qs, qt_s);
-    load_tile(gbase, std::size_t(d), qt * tile, T, gs, gt);
+    load_tile(base, row, qt * tile, T, qs);
+    load_tile(gbase, std::size_t(d), qt * tile, T, gs);
     for (int i = int(threadIdx.x); i < tile; i += int(blockDim.x)) {
       const int r = qt * tile + i;
       const std::size_t at = (first + std::size_t(r)) * std::size_t(H) + std::size_t(h);
@@ -267,10 +301,8 @@ __global__ void __launch_bounds__(threads) backward_kernel(const float* dy, cons
       std::uint32_t pa[4], da[4];
       to_a(s, j, pa);
       to_a(dp, j, da);
-      for (int nt = 0; nt < 8; ++nt) {
-        mma_tile(dv[nt], pa, gt, nt * 8 + g, j * 16 + 2 * t);    // dV += P^T dO
-        mma_tile(dk[nt], da, qt_s, nt * 8 + g, j * 16 + 2 * t);  // dK += dS^T Q
-      }
+      mma_rows(dv, pa, gs, j * 16);  // dV += P^T dO
+      mma_rows(dk, da, qs, j * 16);  // dK += dS^T Q
     }
     __syncthreads();  // dS complete
     // dQ (this warp's 16 queries x 64) += dS K, added into memory.
@@ -279,7 +311,7 @@ __global__ void __launch_bounds__(threads) backward_kernel(const float* dy, cons
     for (int j = 0; j < 4; ++j) {
       const std::uint32_t a[4] = {ld32(a_rows + j * 16 + 2 * t), ld32(a_rows + 8 * pitch + j * 16 + 2 * t),
                                   ld32(a_rows + j * 16 + 2 * t + 8), ld32(a_rows + 8 * pitch + j * 16 + 2 * t + 8)};
-      for (int nt = 0; nt < 8; ++nt) mma_tile(dq[nt], a, kt_s, nt * 8 + g, j * 16 + 2 * t);
+      mma_rows(dq, a, ks, j * 16);
     }
     for (int i = 0; i < 2; ++i) {
       const int q = qt * tile + warp * 16 + g + 8 * i;
@@ -314,22 +346,24 @@ inline bool supported() {
 }
 
 //! Launches (on `stream`): forward, then backward's two kernels. dqkv's dq part must be zero.
-template <class C>
-void forward(const float* qkv, C* y, float* lse, int B, int T, int H, cudaStream_t stream) {
+//! qkv and dy are fp32 or bf16 (In); the products run in bf16 either way.
+template <class C, class In>
+void forward(const In* qkv, C* y, float* lse, int B, int T, int H, cudaStream_t stream) {
   const dim3 grid(unsigned((T + tile - 1) / tile), unsigned(B * H));
-  forward_kernel<C><<<grid, threads, 0, stream>>>(qkv, y, lse, T, H, 1.0f / std::sqrt(float(head_dim)));
+  forward_kernel<C, In><<<grid, threads, 0, stream>>>(qkv, y, lse, T, H, 1.0f / std::sqrt(float(head_dim)));
 }
-template <class C>
-void backward(const float* dy, const float* qkv, const C* y, const float* lse, float* D, float* dqkv, int B, int T, int H,
+template <class C, class In>
+void backward(const In* dy, const In* qkv, const C* y, const float* lse, float* D, float* dqkv, int B, int T, int H,
               cudaStream_t stream) {
   const std::size_t rows_heads = std::size_t(B) * std::size_t(T) * std::size_t(H);
-  row_dot_kernel<C><<<unsigned((rows_heads * 32 + 255) / 256), 256, 0, stream>>>(dy, y, D, rows_heads);
+  row_dot_kernel<C, In><<<unsigned((rows_heads * 32 + 255) / 256), 256, 0, stream>>>(dy, y, D, rows_heads);
   static const bool attr = [] {
-    return cudaFuncSetAttribute(backward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(backward_smem)) == cudaSuccess;
+    return cudaFuncSetAttribute(backward_kernel<In>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(backward_smem)) ==
+           cudaSuccess;
   }();
   (void)attr;  // a failure shows as the launch's error
   const dim3 grid(unsigned((T + tile - 1) / tile), unsigned(B * H));
-  backward_kernel<<<grid, threads, backward_smem, stream>>>(dy, qkv, lse, D, dqkv, T, H, 1.0f / std::sqrt(float(head_dim)));
+  backward_kernel<In><<<grid, threads, backward_smem, stream>>>(dy, qkv, lse, D, dqkv, T, H, 1.0f / std::sqrt(float(head_dim)));
 }
 
 }  // namespace gpt::flash

@@ -47,6 +47,7 @@ class host_gpt {
 public:
   static constexpr const char* backend_name = "host";
   [[nodiscard]] const char* attention_name() const { return "exact (host)"; }
+  [[nodiscard]] std::string products_used() const { return "host kernels"; }
 
   host_gpt(Wrapper& m, const model_ids& ids, const model_shape& s, int batch, net_options o = {})
       : m_(m), ids_(ids), s_(s), o_(o), n_max_(std::size_t(batch) * std::size_t(s.seq)),
