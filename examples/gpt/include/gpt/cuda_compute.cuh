@@ -26,13 +26,14 @@
 
 #include "gpt/cuda_flash.cuh"
 #include "gpt/cuda_kernels.cuh"
+#include "gpt/cuda_layernorm.cuh"
+#include "gpt/cuda_products.cuh"
 #include "gpt/data.hpp"
 #include "gpt/host_compute.hpp"
 #include "gpt/model.hpp"
 #include "tessera/backend/cuda/blaslt.hpp"
 #include "tessera/backend/cuda/buffer.hpp"
 #include "tessera/backend/cuda/stream.hpp"
-#include "trainer_kit/product_forms.cuh"
 
 namespace gpt {
 
@@ -43,9 +44,10 @@ class cuda_gpt {
   template <class T> using dbuf = tessera::cuda::buffer<T>;
   // Rows of logits the classifier holds at once (rows x padded vocabulary, in C).
   static constexpr std::size_t chunk_rows = 1024;
-  // The products with a fused and a separate form (trainer_kit::product_forms).
-  enum product : std::size_t { qkv_fwd, proj_fwd, fc_fwd, fcproj_fwd, fc_dgelu, fcproj_wgrad, fc_wgrad, proj_wgrad,
-                               qkv_wgrad, products };
+  using products = cuda_products<C>;
+  using product = typename products::product;
+  using epilogue = tessera::cuda::epilogue;
+  template <class TD> using problem = typename products::template problem<TD>;
 
 public:
   static constexpr const char* backend_name = "cuda";
@@ -62,7 +64,6 @@ public:
     qkv_ = dbuf<C>(slots * 3 * n * D);
     xmid_ = dbuf<float>(slots * n * D);
     h_ = dbuf<C>(slots * 4 * n * D);
-    bias32_ = dbuf<float>(4 * D);
     xn1_ = dbuf<C>(slots * n * D), y_ = dbuf<C>(slots * n * D), xn2_ = dbuf<C>(slots * n * D);
     xf_ = dbuf<C>(n * D);
     act_ = dbuf<C>(4 * n * D);  // GELU output (forward and backward), then dH
@@ -75,18 +76,14 @@ public:
     loss_ = dbuf<double>(1);
     if (flash_) dvec_ = dbuf<float>(n * std::size_t(s.heads));
     TESSERA_CUDA(cudaMemsetAsync(loss_.data(), 0, sizeof(double), stream()));
-    const bool fp32 = std::is_same_v<C, float>;  // separate forms only: the host's arithmetic
-    // Weight gradients accumulate, so they cannot run twice to be timed: fused wherever cuBLASLt can.
-    for (std::size_t p = 0; p < products; ++p)
-      if (p >= fcproj_wgrad) forms_.force(p, true, !fp32 && fusable(product(p)));
-      else forms_.allow(p, !fp32 && fusable(product(p)));
+    prod_.decide(n_max_, s.d, act_.data(), big_.data());
   }
 
   //! Which attention kernels run: the flash kernels on tensor cores (bf16 compute, head
   //! dimension 64, sm_80 or newer), else the exact fp32 ones (cuda_kernels.cuh).
   [[nodiscard]] const char* attention_name() const { return flash_ ? "flash (bf16 tensor cores)" : "exact (fp32, a row per block)"; }
   //! The form each product with a cuBLASLt epilogue runs in (after the first step: the timings that chose it).
-  [[nodiscard]] std::string products_used() const { return forms_.describe(); }
+  [[nodiscard]] std::string products_used() const { return prod_.describe(); }
   [[nodiscard]] static bool uses_flash(const model_shape& s) {
     return !std::is_same_v<C, float> && s.head_dim() == flash::head_dim && flash::supported();
   }
@@ -96,7 +93,7 @@ public:
     const std::size_t n = std::size_t(batch) * std::size_t(s.seq), D = std::size_t(s.d), L = std::size_t(s.layers),
                       slots = o.recompute ? 1 : L, rows = std::min(chunk_rows, n), V = std::size_t(s.padded_vocab());
     return sizeof(float) * ((L + 1) * n * D + slots * 4 * n + 2 * n + slots * n * std::size_t(s.heads) +
-                            slots * n * D + 4 * D + 4 * n * D + 2 * n * D) +
+                            slots * n * D + 4 * n * D + 2 * n * D) + products::workspace_bytes(s.d) +
            sizeof(C) * (slots * 3 * n * D + slots * 4 * n * D + 3 * slots * n * D + n * D + 4 * n * D + 3 * n * D +
                         2 * n * D + rows * V) +
            sizeof(std::uint16_t) * 2 * n + sizeof(double) + (uses_flash(s) ? sizeof(float) * n * std::size_t(s.heads) : 0);
@@ -114,9 +111,7 @@ public:
     float* g_wte = se.grad(ids_.wte).data();
     const float scale = float(1.0 / global_tokens);
     head(E, n, [&](std::size_t r0, std::size_t rows) {
-      kernels::cross_entropy_kernel<C><<<unsigned(rows), 256, 0, stream()>>>(z_.data(), targets() + r0, int(V), int(Vp),
-                                                                            scale, true, loss_.data());
-      check_launch();
+      kernels::cross_entropy<C>(z_.data(), targets() + r0, int(V), int(Vp), scale, true, loss_.data(), rows, stream());
       // Over the padded vocabulary: dz is zero there, so the padded rows of wte get no gradient.
       gemm(true, false, int(Vp), int(D), int(rows), 1.0f, z_.data(), xf_.data() + r0 * D, 1.0f, g_wte);
       gemm(false, false, int(rows), int(D), int(Vp), 1.0f, z_.data(), wte, 0.0f, dsmall_.data() + r0 * D);
@@ -144,10 +139,8 @@ public:
     const C* E = se.weights().data();
     forward_blocks(E, B, T);
     head(E, n, [&](std::size_t r0, std::size_t rows) {
-      kernels::cross_entropy_kernel<C><<<unsigned(rows), 256, 0, stream()>>>(z_.data(), targets() + r0, int(V),
-                                                                            s_.padded_vocab(), 0.0f, false,
-                                                                            loss.data());
-      check_launch();
+      kernels::cross_entropy<C>(z_.data(), targets() + r0, int(V), s_.padded_vocab(), 0.0f, false, loss.data(), rows,
+                                stream());
     });
     double out = 0;
     TESSERA_CUDA(cudaMemcpyAsync(&out, loss.data(), sizeof(double), cudaMemcpyDeviceToHost, stream()));
@@ -188,21 +181,14 @@ public:
 
 private:
   static cudaStream_t stream() { return tessera::cuda::current_stream(); }
-  // Every product: cuBLASLt, fp32 accumulation, and strict fp32 (no TF32) for
-  // fp32 operands, so that the GPU matches the host backend.
-  template <class TD> using problem = tessera::cuda::matmul_problem<C, TD>;
-  using epilogue = tessera::cuda::epilogue;
+  static void check_launch() { kernels::check_launch(); }
+  static unsigned grid(std::size_t total) { return kernels::grid(total); }
   template <class TD>
-  static void mm(problem<TD> p) {
-    p.tf32 = false;
-    tessera::cuda::matmul(p);
-  }
+  static void mm(problem<TD> p) { products::mm(p); }
   template <class T, class TC>
   static void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const T* a, const T* b, float beta, TC* c) {
-    mm<TC>({.trans_a = ta, .trans_b = tb, .m = m, .n = n, .k = k, .a = a, .b = b, .d = c, .alpha = alpha, .beta = beta});
+    products::gemm(ta, tb, m, n, k, alpha, a, b, beta, c);
   }
-  static void check_launch() { TESSERA_CUDA(cudaGetLastError()); }
-  static unsigned grid(std::size_t total) { return unsigned(std::min<std::size_t>((total + 255) / 256, 32768)); }
   static unsigned rows_grid(std::size_t rows) { return unsigned((rows + 7) / 8); }  // 8 warps of 256 threads, a row each
   const std::uint16_t* inputs() const { return tok_.data(); }
   const std::uint16_t* targets() const { return tok_.data() + n_max_; }
@@ -255,32 +241,6 @@ private:
     check_launch();
   }
 
-  // A bias in C as fp32 (bias32_), for an epilogue whose output is fp32.
-  const float* widen(const C* b, std::size_t n) {
-    if constexpr (std::is_same_v<C, float>) {
-      return b;
-    } else {
-      kernels::widen_kernel<C><<<grid(n), 256, 0, stream()>>>(b, bias32_.data(), int(n));
-      check_launch();
-      return bias32_.data();
-    }
-  }
-  // y (fp32, rows of cols) += b.
-  void add_bias(float* y, const C* b, std::size_t n, std::size_t cols) {
-    kernels::bias_kernel<C><<<grid(n * cols), 256, 0, stream()>>>(y, b, n, int(cols));
-    check_launch();
-  }
-  // d (fp32) = c + a w^T + b over n rows: a residual branch (c: the stream it joins, or null).
-  void linear(product p, const C* a, const C* w, const C* b, const float* c, float* d, std::size_t n, std::size_t out,
-              std::size_t in) {
-    forms_.run(p, [&](bool fuse) {
-      mm<float>({.trans_b = true, .m = int(n), .n = int(out), .k = int(in), .a = a, .b = w, .d = d,
-                 .beta = c ? 1.0f : 0.0f, .ep = fuse ? epilogue::bias : epilogue::none,
-                 .bias = fuse ? widen(b, out) : nullptr, .c = c});
-      if (!fuse) add_bias(d, b, n, out);
-    });
-  }
-
   void forward_block(const block_weights& w, int l, std::size_t B, std::size_t T) {
     const std::size_t n = B * T, D = std::size_t(s_.d), H4 = 4 * D;
     const float* xin = x_.data() + std::size_t(l) * n_max_ * D;
@@ -288,7 +248,7 @@ private:
     const slot a = slot_of(l);
     kernels::layernorm_kernel<C><<<rows_grid(n), 256, 0, stream()>>>(xin, w.ln1_w, w.ln1_b, a.xn1, a.mean1, a.rstd1, int(n), int(D));
     check_launch();
-    forms_.run(qkv_fwd, [&](bool fuse) {  // qkv = xn1 Wqkv^T + bqkv, in C
+    prod_.run(products::qkv_fwd, [&](bool fuse) {  // qkv = xn1 Wqkv^T + bqkv, in C
       mm<C>({.trans_b = true, .m = int(n), .n = int(3 * D), .k = int(D), .a = a.xn1, .b = w.qkv_w, .d = a.qkv,
              .ep = fuse ? epilogue::bias : epilogue::none, .bias = fuse ? w.qkv_b : nullptr});
       if (fuse) return;
@@ -296,11 +256,11 @@ private:
       check_launch();
     });
     attention(a, B, T);
-    linear(proj_fwd, a.y, w.proj_w, w.proj_b, xin, a.xmid, n, D, D);  // xmid = x + y Wp^T + bp
+    prod_.linear(products::proj_fwd, a.y, w.proj_w, w.proj_b, xin, a.xmid, n, D, D);  // xmid = x + y Wp^T + bp
     kernels::layernorm_kernel<C><<<rows_grid(n), 256, 0, stream()>>>(a.xmid, w.ln2_w, w.ln2_b, a.xn2, a.mean2, a.rstd2, int(n), int(D));
     check_launch();
     // act = gelu(h), h = xn2 Wfc^T + bfc kept for backward
-    forms_.run(fc_fwd, [&](bool fuse) {
+    prod_.run(products::fc_fwd, [&](bool fuse) {
       if (fuse) {
         mm<C>({.trans_b = true, .m = int(n), .n = int(H4), .k = int(D), .a = a.xn2, .b = w.fc_w, .d = act_.data(),
                .ep = epilogue::gelu_aux_bias, .bias = w.fc_b, .aux = a.h});
@@ -310,26 +270,7 @@ private:
         check_launch();
       }
     });
-    linear(fcproj_fwd, act_.data(), w.fc_proj_w, w.fc_proj_b, a.xmid, xout, n, D, H4);  // x' = xmid + act Wp^T + bp
-  }
-
-  // dW (+)= dY^T X over n rows (fp32), and db (+)= the column sums of dY: in
-  // the product's epilogue (cuBLASLt writes them into scratch, added to db),
-  // or summed apart from dY32 (fp32, where the caller has it) or dY.
-  void weight_grad(product p, const C* dY, const float* dY32, const C* X, std::size_t n, std::size_t out,
-                   std::size_t in, float* dW, float* db) {
-    const bool fuse = forms_.state(p) == 1;
-    mm<float>({.trans_a = true, .m = int(out), .n = int(in), .k = int(n), .a = dY, .b = X, .d = dW, .beta = 1.0f,
-               .ep = fuse ? epilogue::bgrad_a : epilogue::none, .bias_grad = fuse ? bias32_.data() : nullptr});
-    if (fuse) {
-      kernels::add_kernel<float><<<grid(out), 256, 0, stream()>>>(bias32_.data(), db, int(out));
-      check_launch();
-      return;
-    }
-    const dim3 g(unsigned((out + 255) / 256), unsigned((n + 255) / 256));
-    if (dY32) kernels::column_sum_kernel<<<g, 256, 0, stream()>>>(dY32, int(n), int(out), db);
-    else kernels::column_sum_kernel<<<g, 256, 0, stream()>>>(dY, int(n), int(out), db);
-    check_launch();
+    prod_.linear(products::fcproj_fwd, act_.data(), w.fc_proj_w, w.fc_proj_b, a.xmid, xout, n, D, H4);  // x' = xmid + act Wp^T + bp
   }
 
   // dx_ holds d loss / d x_{l+1} (and dx_c_ the same in C); leaves d loss / d x_l.
@@ -347,9 +288,9 @@ private:
     // MLP: x_{l+1} = xmid + gelu(xn2 Wfc^T + bfc) Wp^T + bp
     kernels::gelu_kernel<C, C><<<grid(n * H4), 256, 0, stream()>>>(a.h, act_.data(), n * H4);  // act again
     check_launch();
-    weight_grad(fcproj_wgrad, dXc, dX, act_.data(), n, D, H4, g(b.fc_proj_w), g(b.fc_proj_b));
+    prod_.weight_grad(products::fcproj_wgrad, dXc, dX, act_.data(), n, D, H4, g(b.fc_proj_w), g(b.fc_proj_b));
     C* dH = act_.data();  // act is dead now
-    forms_.run(fc_dgelu, [&](bool fuse) {  // dH = (dX Wp) gelu'(h)
+    prod_.run(products::fc_dgelu, [&](bool fuse) {  // dH = (dX Wp) gelu'(h)
       if (fuse) {
         mm<C>({.m = int(n), .n = int(H4), .k = int(D), .a = dXc, .b = w.fc_proj_w, .d = dH, .ep = epilogue::dgelu,
                .aux = a.h});
@@ -360,14 +301,14 @@ private:
         check_launch();
       }
     });
-    weight_grad(fc_wgrad, dH, nullptr, a.xn2, n, H4, D, g(b.fc_w), g(b.fc_b));
+    prod_.weight_grad(products::fc_wgrad, dH, nullptr, a.xn2, n, H4, D, g(b.fc_w), g(b.fc_b));
     float* dxn = dsmall_.data();
     gemm(false, false, int(n), int(D), int(H4), 1.0f, dH, w.fc_w, 0.0f, dxn);
     kernels::layernorm_backward<C>(dxn, a.xmid, w.ln2_w, a.mean2, a.rstd2, dX, dXc, g(b.ln2_w), g(b.ln2_b), int(n),
                                    int(D), stream());
     check_launch();
     // attention: xmid = x_l + y Wproj^T + bproj
-    weight_grad(proj_wgrad, dXc, dX, a.y, n, D, D, g(b.proj_w), g(b.proj_b));
+    prod_.weight_grad(products::proj_wgrad, dXc, dX, a.y, n, D, D, g(b.proj_w), g(b.proj_b));
     C* dY = dy_c_.data();
     gemm(false, false, int(n), int(D), int(D), 1.0f, dXc, w.proj_w, 0.0f, dY);
     float* dQKV = big_.data();
@@ -384,48 +325,12 @@ private:
     C* dQKVc = big_c_.data();
     kernels::convert_kernel<C><<<grid(n * 3 * D), 256, 0, stream()>>>(dQKV, dQKVc, n * 3 * D);
     check_launch();
-    weight_grad(qkv_wgrad, dQKVc, dQKV, a.xn1, n, 3 * D, D, g(b.qkv_w), g(b.qkv_b));
+    prod_.weight_grad(products::qkv_wgrad, dQKVc, dQKV, a.xn1, n, 3 * D, D, g(b.qkv_w), g(b.qkv_b));
     gemm(false, false, int(n), int(D), int(3 * D), 1.0f, dQKVc, w.qkv_w, 0.0f, dxn);
     kernels::layernorm_backward<C>(dxn, xin, w.ln1_w, a.mean1, a.rstd1, dX, dXc, g(b.ln1_w), g(b.ln1_b), int(n),
                                    int(D), stream());
     check_launch();
     sc.reduce_grads();
-  }
-
-  // Whether cuBLASLt has product p's fused form at this model's shapes.
-  bool fusable(product p) {
-    const int n = int(n_max_), D = s_.d, H4 = 4 * D;
-    C* anyc = act_.data();
-    float* anyf = big_.data();
-    auto fwd = [&](int out, int in) {
-      return tessera::cuda::matmul_supported(problem<float>{.trans_b = true, .m = n, .n = out, .k = in, .a = anyc,
-                                                            .b = anyc, .d = anyf, .beta = 1, .ep = epilogue::bias,
-                                                            .bias = anyf, .c = anyf});
-    };
-    auto wgrad = [&](int out, int in) {
-      return tessera::cuda::matmul_supported(problem<float>{.trans_a = true, .m = out, .n = in, .k = n, .a = anyc,
-                                                            .b = anyc, .d = anyf, .beta = 1, .ep = epilogue::bgrad_a,
-                                                            .bias_grad = anyf});
-    };
-    switch (p) {
-      case qkv_fwd:
-        return tessera::cuda::matmul_supported(problem<C>{.trans_b = true, .m = n, .n = 3 * D, .k = D, .a = anyc,
-                                                          .b = anyc, .d = anyc, .ep = epilogue::bias, .bias = anyc});
-      case proj_fwd: return fwd(D, D);
-      case fcproj_fwd: return fwd(D, H4);
-      case fc_fwd:
-        return tessera::cuda::matmul_supported(problem<C>{.trans_b = true, .m = n, .n = H4, .k = D, .a = anyc,
-                                                          .b = anyc, .d = anyc, .ep = epilogue::gelu_aux_bias,
-                                                          .bias = anyc, .aux = anyc});
-      case fc_dgelu:
-        return tessera::cuda::matmul_supported(problem<C>{.m = n, .n = H4, .k = D, .a = anyc, .b = anyc, .d = anyc,
-                                                          .ep = epilogue::dgelu, .aux = anyc});
-      case fcproj_wgrad: return wgrad(D, H4);
-      case fc_wgrad: return wgrad(H4, D);
-      case proj_wgrad: return wgrad(D, D);
-      case qkv_wgrad: return wgrad(3 * D, D);
-      default: return false;
-    }
   }
 
   // The final LayerNorm and the tied classifier over n rows, chunk by chunk:
@@ -457,11 +362,9 @@ private:
   bool flash_ = uses_flash(s_);
   std::size_t n_max_;
   double finished_ = 0;
-  dbuf<float> x_, stats_, lse_, xmid_, big_, dx_, dsmall_, dvec_, bias32_;
+  dbuf<float> x_, stats_, lse_, xmid_, big_, dx_, dsmall_, dvec_;
   dbuf<C> qkv_, h_, xn1_, y_, xn2_, xf_, act_, big_c_, dx_c_, dy_c_, z_;
-  trainer_kit::product_forms<products> forms_{{"qkv + bias", "proj + bias + residual", "fc + bias, GELU",
-                                               "fc_proj + bias + residual", "GELU gradient", "dW fc_proj, db",
-                                               "dW fc, db", "dW proj, db", "dW qkv, db"}};
+  products prod_{s_.d};
   dbuf<std::uint16_t> tok_;
   dbuf<double> loss_;
   std::vector<std::uint16_t> host_tok_;

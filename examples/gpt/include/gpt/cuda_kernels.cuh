@@ -1,25 +1,33 @@
 #pragma once
-// GPT-2's layers on the GPU, the same arithmetic as host_kernels.hpp: the
-// residual stream, GEMM outputs and statistics in fp32; what feeds a GEMM
-// (LayerNorm outputs, attention outputs, GELU outputs, gradients) in the
-// compute type C (fp32 or bf16). Written to be correct and simple first:
-// attention holds one query row's scores in shared memory (no T x T matrix
-// in global memory) but is not yet a tiled flash kernel; weight-gradient
-// reductions of LayerNorm and the embeddings use atomics. The speed issue
-// replaces these where the profile says the time goes.
+// GPT-2's element-wise layers, the exact attention and the loss on the GPU,
+// the same arithmetic as host_kernels.hpp: the residual stream and statistics
+// in fp32; what feeds a GEMM (attention and GELU outputs, gradients) in the
+// compute type C (fp32 or bf16). The exact attention holds one query row's
+// scores in shared memory (no T x T matrix in global memory): what the fp32
+// trainer runs, and bf16 where the flash kernels (cuda_flash.cuh) do not
+// apply. LayerNorm is cuda_layernorm.cuh; the embeddings' weight gradients
+// use atomics.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cfloat>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
+#include "tessera/backend/cuda/error.hpp"
 #include "tessera/core/dtype.hpp"
 #include "trainer_kit/host_math.hpp"
 
 namespace gpt::kernels {
 
 using tessera::convert;
+
+//! Blocks of 256 threads for a grid-stride loop over `total` elements.
+inline unsigned grid(std::size_t total) { return unsigned(std::min<std::size_t>((total + 255) / 256, 32768)); }
+//! A launch's error (a bad configuration) as a tessera error.
+inline void check_launch() { TESSERA_CUDA(cudaGetLastError()); }
 
 using trainer_kit::gelu;
 using trainer_kit::gelu_grad;
@@ -52,116 +60,6 @@ __global__ void embed_kernel(const std::uint16_t* tok, const C* wte, const C* wp
     const std::size_t i = k / std::size_t(D), c = k % std::size_t(D);
     x[k] = float(wte[std::size_t(tok[i]) * std::size_t(D) + c]) + float(wpe[(i % std::size_t(T)) * std::size_t(D) + c]);
   }
-}
-
-//! One warp per row: out = (x - mean) rstd w + b (in C), mean and rstd kept.
-template <class C>
-__global__ void layernorm_kernel(const float* x, const C* w, const C* b, C* out, float* mean, float* rstd, int n, int D) {
-  const int row = int(blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32), lane = threadIdx.x & 31;
-  if (row >= n) return;
-  const float* r = x + std::size_t(row) * std::size_t(D);
-  float s = 0;
-  for (int c = lane; c < D; c += 32) s += r[c];
-  const float mu = warp_sum(s) / float(D);
-  float s2 = 0;
-  for (int c = lane; c < D; c += 32) s2 += (r[c] - mu) * (r[c] - mu);
-  const float rs = rsqrtf(warp_sum(s2) / float(D) + 1e-5f);
-  if (lane == 0) mean[row] = mu, rstd[row] = rs;
-  for (int c = lane; c < D; c += 32)
-    out[std::size_t(row) * std::size_t(D) + c] = convert<C>((r[c] - mu) * rs * float(w[c]) + float(b[c]));
-}
-
-//! dx += LayerNorm backward of dout, and where dxc is given the new dx in C
-//! too (what the next GEMM reads, so no conversion pass follows); dw, db
-//! accumulate. A warp per row, the rows strided over the grid. Each lane
-//! keeps its columns' (lane + 32 j, j < J) share of dw and db in registers
-//! over all its rows; then the block's warps add theirs in shared memory (2 D
-//! floats, dynamic) and the block adds the sum to the gradients once. J = 0:
-//! no registers, every row adds into shared memory (any D). One atomic per
-//! row and column, as this kernel first had, took four times the rest of it.
-template <class C, int J>
-__global__ void layernorm_backward_kernel(const float* dout, const float* x, const C* w, const float* mean,
-                                          const float* rstd, float* dx, C* dxc, float* dw, float* db, int n, int D) {
-  extern __shared__ float acc[];  // dw (D), then db (D)
-  for (int c = threadIdx.x; c < 2 * D; c += blockDim.x) acc[c] = 0;
-  __syncthreads();
-  const int warps = int(blockDim.x / 32), lane = int(threadIdx.x & 31);
-  float rw[J > 0 ? J : 1] = {}, rb[J > 0 ? J : 1] = {};
-  for (int row = int(blockIdx.x) * warps + int(threadIdx.x / 32); row < n; row += int(gridDim.x) * warps) {
-    const float* g = dout + std::size_t(row) * std::size_t(D);
-    const float* r = x + std::size_t(row) * std::size_t(D);
-    const float mu = mean[row], rs = rstd[row];
-    float m1 = 0, m2 = 0;
-    if constexpr (J > 0) {
-#pragma unroll
-      for (int j = 0; j < J; ++j) {
-        const int c = lane + 32 * j;
-        if (c < D) {
-          const float gc = g[c], xh = (r[c] - mu) * rs, dxh = gc * float(w[c]);
-          m1 += dxh, m2 += dxh * xh;
-          rw[j] += gc * xh, rb[j] += gc;
-        }
-      }
-    } else {
-      for (int c = lane; c < D; c += 32) {
-        const float xh = (r[c] - mu) * rs, dxh = g[c] * float(w[c]);
-        m1 += dxh, m2 += dxh * xh;
-        atomicAdd(acc + c, g[c] * xh);
-        atomicAdd(acc + D + c, g[c]);
-      }
-    }
-    m1 = warp_sum(m1) / float(D), m2 = warp_sum(m2) / float(D);
-    for (int c = lane; c < D; c += 32) {
-      const float xh = (r[c] - mu) * rs;
-      const std::size_t k = std::size_t(row) * std::size_t(D) + std::size_t(c);
-      const float v = dx[k] + rs * (g[c] * float(w[c]) - m1 - xh * m2);
-      dx[k] = v;
-      if (dxc) dxc[k] = convert<C>(v);
-    }
-  }
-  if constexpr (J > 0) {
-#pragma unroll
-    for (int j = 0; j < J; ++j) {
-      const int c = lane + 32 * j;
-      if (c < D) atomicAdd(acc + c, rw[j]), atomicAdd(acc + D + c, rb[j]);
-    }
-  }
-  __syncthreads();
-  for (int c = threadIdx.x; c < D; c += blockDim.x) {
-    atomicAdd(dw + c, acc[c]);
-    atomicAdd(db + c, acc[D + c]);
-  }
-}
-
-//! Most columns layernorm_backward takes: its shared memory holds 2 D floats.
-inline constexpr int layernorm_backward_max_d = 6144;
-
-//! Launches layernorm_backward_kernel over n rows of D on `blocks` blocks of
-//! 8 warps (0: two per SM of the current device, or fewer where n is small),
-//! with registers for the columns where D <= 2048 (every GPT-2 size).
-template <class C>
-void layernorm_backward(const float* dout, const float* x, const C* w, const float* mean, const float* rstd, float* dx,
-                        C* dxc, float* dw, float* db, int n, int D, cudaStream_t s, int blocks = 0) {
-  if (blocks <= 0) {
-    static const int sms = [] {
-      int dev = 0, v = 0;
-      cudaGetDevice(&dev);
-      cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
-      return v > 0 ? v : 1;
-    }();
-    blocks = std::min((n + 7) / 8, 2 * sms);
-  }
-  const unsigned grid = unsigned(std::max(blocks, 1));
-  const std::size_t smem = 2 * std::size_t(D) * sizeof(float);
-  const int per_lane = (D + 31) / 32;
-  if (per_lane <= 8)
-    layernorm_backward_kernel<C, 8><<<grid, 256, smem, s>>>(dout, x, w, mean, rstd, dx, dxc, dw, db, n, D);
-  else if (per_lane <= 24)
-    layernorm_backward_kernel<C, 24><<<grid, 256, smem, s>>>(dout, x, w, mean, rstd, dx, dxc, dw, db, n, D);
-  else if (per_lane <= 64)
-    layernorm_backward_kernel<C, 64><<<grid, 256, smem, s>>>(dout, x, w, mean, rstd, dx, dxc, dw, db, n, D);
-  else
-    layernorm_backward_kernel<C, 0><<<grid, 256, smem, s>>>(dout, x, w, mean, rstd, dx, dxc, dw, db, n, D);
 }
 
 //! y[i, c] += b[c] (rows of cols, fp32 or C).
@@ -319,19 +217,33 @@ __device__ inline void softmax_combine(float& m, float& s, float m2, float s2) {
 //! and, with `grad`, dloss/dz x scale written over the logits in place, zero
 //! in the ld - V padded columns (so the padded rows of a tied table get no
 //! gradient). Max and sum in one pass (online softmax), so the logits are
-//! read twice in all. The padding lets the classifier's GEMMs run on aligned
-//! rows.
+//! read twice in all, 16 bytes a thread at a time (ld a multiple of 16 / sizeof(C),
+//! rows 16-byte aligned: cross_entropy() checks), several loads in flight:
+//! one element a thread at a time left the kernel waiting on memory, 3x
+//! slower than its bytes. The padding lets the classifier's GEMMs run on
+//! aligned rows.
 template <class C>
 __global__ void cross_entropy_kernel(C* z, const std::uint16_t* target, int V, int ld, float scale, bool grad,
                                      double* loss) {
+  constexpr int N = 16 / int(sizeof(C));  // elements per 16-byte chunk
   __shared__ float red_m[32], red_s[32];
   const std::size_t r = blockIdx.x;
   C* row = z + r * std::size_t(ld);
+  uint4* chunks = reinterpret_cast<uint4*>(row);
+  const int nchunks = ld / N;
   float m = -FLT_MAX, s = 0;
-  for (int c = threadIdx.x; c < V; c += blockDim.x) {
-    const float v = float(row[c]);
-    if (v > m) s = s * __expf(m - v) + 1.0f, m = v;
-    else s += __expf(v - m);
+#pragma unroll 4
+  for (int k = int(threadIdx.x); k < nchunks; k += int(blockDim.x)) {
+    const uint4 u = chunks[k];
+    C e[N];
+    memcpy(e, &u, sizeof u);
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      if (k * N + i >= V) break;
+      const float v = float(e[i]);
+      if (v > m) s = s * __expf(m - v) + 1.0f, m = v;
+      else s += __expf(v - m);
+    }
   }
   for (int o = 16; o > 0; o >>= 1)
     softmax_combine(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
@@ -348,8 +260,31 @@ __global__ void cross_entropy_kernel(C* z, const std::uint16_t* target, int V, i
   if (!grad) return;
   __syncthreads();  // every thread has read row[t] before it is overwritten
   const float inv = 1.0f / s;
-  for (int c = threadIdx.x; c < ld; c += blockDim.x)
-    row[c] = c < V ? convert<C>((__expf(float(row[c]) - m) * inv - (c == t ? 1.0f : 0.0f)) * scale) : convert<C>(0.0f);
+#pragma unroll 4
+  for (int k = int(threadIdx.x); k < nchunks; k += int(blockDim.x)) {
+    uint4 u = chunks[k];
+    C e[N];
+    memcpy(e, &u, sizeof u);
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const int c = k * N + i;
+      e[i] = c < V ? convert<C>((__expf(float(e[i]) - m) * inv - (c == t ? 1.0f : 0.0f)) * scale) : convert<C>(0.0f);
+    }
+    memcpy(&u, e, sizeof u);
+    chunks[k] = u;
+  }
+}
+
+//! Launches cross_entropy_kernel over `rows` rows on stream s.
+template <class C>
+void cross_entropy(C* z, const std::uint16_t* target, int V, int ld, float scale, bool grad, double* loss,
+                   std::size_t rows, cudaStream_t s) {
+  constexpr int N = 16 / int(sizeof(C));
+  TESSERA_CHECK(ld % N == 0 && reinterpret_cast<std::uintptr_t>(z) % 16 == 0 && V <= ld,
+                "cross_entropy: rows of ", ld, " logits must be 16-byte aligned and hold the vocabulary of ", V);
+  if (rows == 0) return;
+  cross_entropy_kernel<C><<<unsigned(rows), 256, 0, s>>>(z, target, V, ld, scale, grad, loss);
+  check_launch();
 }
 
 //! The embeddings' backward: gwte[tok[i]] += dx[i], gwpe[i % T] += dx[i] (atomics: tokens repeat).

@@ -1,0 +1,149 @@
+#pragma once
+// tessera-gpt's matrix products on cuBLASLt (cuda_compute.cuh runs the net
+// with them). Every product accumulates in fp32, and fp32 operands run strict
+// fp32 (no TF32), so that the GPU matches the host backend. The products with
+// a cuBLASLt epilogue (bias; bias + GELU keeping the GELU input; GELU
+// gradient; bias gradient) have a fused and a separate form: under bf16 the
+// forward ones and the GELU gradient keep whichever times faster in the first
+// step (trainer_kit::product_forms); the weight gradients accumulate, so they
+// cannot run twice to be timed, and run fused wherever cuBLASLt has the form.
+// fp32 runs the separate forms only: the host's arithmetic.
+#include <cstddef>
+#include <string>
+#include <type_traits>
+
+#include "gpt/cuda_kernels.cuh"
+#include "tessera/backend/cuda/blaslt.hpp"
+#include "tessera/backend/cuda/buffer.hpp"
+#include "tessera/backend/cuda/stream.hpp"
+#include "trainer_kit/product_forms.cuh"
+
+namespace gpt {
+
+template <class C>
+class cuda_products {
+public:
+  enum product : std::size_t { qkv_fwd, proj_fwd, fc_fwd, fcproj_fwd, fc_dgelu, fcproj_wgrad, fc_wgrad, proj_wgrad,
+                               qkv_wgrad, count };
+  template <class TD> using problem = tessera::cuda::matmul_problem<C, TD>;
+  using epilogue = tessera::cuda::epilogue;
+
+  explicit cuda_products(int d) : bias32_(4 * std::size_t(d)) {}
+  //! Device bytes this class holds (an fp32 bias or bias gradient of the widest product).
+  [[nodiscard]] static std::size_t workspace_bytes(int d) { return 4 * std::size_t(d) * sizeof(float); }
+
+  //! Which products may run fused, at up to n rows of width d (any_c, any_f:
+  //! device memory cuBLASLt's heuristic may look at for alignment).
+  void decide(std::size_t n, int d, C* any_c, float* any_f) {
+    const bool fp32 = std::is_same_v<C, float>;
+    for (std::size_t p = 0; p < count; ++p) {
+      const bool can = !fp32 && fusable(product(p), int(n), d, any_c, any_f);
+      if (p >= fcproj_wgrad) forms_.force(p, true, can);
+      else forms_.allow(p, can);
+    }
+  }
+  [[nodiscard]] std::string describe() const { return forms_.describe(); }
+
+  template <class TD>
+  static void mm(problem<TD> p) {
+    p.tf32 = false;
+    tessera::cuda::matmul(p);
+  }
+  template <class T, class TC>
+  static void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const T* a, const T* b, float beta, TC* c) {
+    mm<TC>({.trans_a = ta, .trans_b = tb, .m = m, .n = n, .k = k, .a = a, .b = b, .d = c, .alpha = alpha, .beta = beta});
+  }
+
+  //! Product p through go(bool fused), in the form it was given or timed to.
+  template <class F>
+  void run(product p, F&& go) {
+    forms_.run(p, go);
+  }
+
+  //! d (fp32) = c + a w^T + b over n rows: a residual branch (c: the stream it joins, or null).
+  void linear(product p, const C* a, const C* w, const C* b, const float* c, float* d, std::size_t n, std::size_t out,
+              std::size_t in) {
+    forms_.run(p, [&](bool fuse) {
+      mm<float>({.trans_b = true, .m = int(n), .n = int(out), .k = int(in), .a = a, .b = w, .d = d,
+                 .beta = c ? 1.0f : 0.0f, .ep = fuse ? epilogue::bias : epilogue::none,
+                 .bias = fuse ? widen(b, out) : nullptr, .c = c});
+      if (fuse) return;
+      kernels::bias_kernel<C><<<kernels::grid(n * out), 256, 0, stream()>>>(d, b, n, int(out));
+      kernels::check_launch();
+    });
+  }
+
+  //! dW (+)= dY^T X over n rows (fp32), and db (+)= the column sums of dY: in
+  //! the product's epilogue (cuBLASLt writes them into scratch, added to db),
+  //! or summed apart from dY32 (fp32, where the caller has it) or dY.
+  void weight_grad(product p, const C* dY, const float* dY32, const C* X, std::size_t n, std::size_t out,
+                   std::size_t in, float* dW, float* db) {
+    const bool fuse = forms_.state(p) == 1;
+    mm<float>({.trans_a = true, .m = int(out), .n = int(in), .k = int(n), .a = dY, .b = X, .d = dW, .beta = 1.0f,
+               .ep = fuse ? epilogue::bgrad_a : epilogue::none, .bias_grad = fuse ? bias32_.data() : nullptr});
+    if (fuse) {
+      kernels::add_kernel<float><<<kernels::grid(out), 256, 0, stream()>>>(bias32_.data(), db, int(out));
+      kernels::check_launch();
+      return;
+    }
+    const dim3 g(unsigned((out + 255) / 256), unsigned((n + 255) / 256));
+    if (dY32) kernels::column_sum_kernel<<<g, 256, 0, stream()>>>(dY32, int(n), int(out), db);
+    else kernels::column_sum_kernel<<<g, 256, 0, stream()>>>(dY, int(n), int(out), db);
+    kernels::check_launch();
+  }
+
+private:
+  static cudaStream_t stream() { return tessera::cuda::current_stream(); }
+
+  // A bias in C as fp32 (bias32_), for an epilogue whose output is fp32.
+  const float* widen(const C* b, std::size_t n) {
+    if constexpr (std::is_same_v<C, float>) {
+      return b;
+    } else {
+      kernels::widen_kernel<C><<<kernels::grid(n), 256, 0, stream()>>>(b, bias32_.data(), int(n));
+      kernels::check_launch();
+      return bias32_.data();
+    }
+  }
+
+  // Whether cuBLASLt has product p's fused form at n rows of width D.
+  static bool fusable(product p, int n, int D, C* anyc, float* anyf) {
+    const int H4 = 4 * D;
+    auto fwd = [&](int out, int in) {
+      return tessera::cuda::matmul_supported(problem<float>{.trans_b = true, .m = n, .n = out, .k = in, .a = anyc,
+                                                            .b = anyc, .d = anyf, .beta = 1, .ep = epilogue::bias,
+                                                            .bias = anyf, .c = anyf});
+    };
+    auto wgrad = [&](int out, int in) {
+      return tessera::cuda::matmul_supported(problem<float>{.trans_a = true, .m = out, .n = in, .k = n, .a = anyc,
+                                                            .b = anyc, .d = anyf, .beta = 1, .ep = epilogue::bgrad_a,
+                                                            .bias_grad = anyf});
+    };
+    switch (p) {
+      case qkv_fwd:
+        return tessera::cuda::matmul_supported(problem<C>{.trans_b = true, .m = n, .n = 3 * D, .k = D, .a = anyc,
+                                                          .b = anyc, .d = anyc, .ep = epilogue::bias, .bias = anyc});
+      case proj_fwd: return fwd(D, D);
+      case fcproj_fwd: return fwd(D, H4);
+      case fc_fwd:
+        return tessera::cuda::matmul_supported(problem<C>{.trans_b = true, .m = n, .n = H4, .k = D, .a = anyc,
+                                                          .b = anyc, .d = anyc, .ep = epilogue::gelu_aux_bias,
+                                                          .bias = anyc, .aux = anyc});
+      case fc_dgelu:
+        return tessera::cuda::matmul_supported(problem<C>{.m = n, .n = H4, .k = D, .a = anyc, .b = anyc, .d = anyc,
+                                                          .ep = epilogue::dgelu, .aux = anyc});
+      case fcproj_wgrad: return wgrad(D, H4);
+      case fc_wgrad: return wgrad(H4, D);
+      case proj_wgrad: return wgrad(D, D);
+      case qkv_wgrad: return wgrad(3 * D, D);
+      default: return false;
+    }
+  }
+
+  tessera::cuda::buffer<float> bias32_;  // a bias widened to fp32, or an epilogue's bias gradient
+  trainer_kit::product_forms<count> forms_{{"qkv + bias", "proj + bias + residual", "fc + bias, GELU",
+                                            "fc_proj + bias + residual", "GELU gradient", "dW fc_proj, db", "dW fc, db",
+                                            "dW proj, db", "dW qkv, db"}};
+};
+
+}  // namespace gpt
