@@ -45,6 +45,14 @@ std::string replaced(std::string s, const std::string& from, const std::string& 
   BOOST_REQUIRE(at != std::string::npos);
   return s.replace(at, from.size(), to);
 }
+// The index text with its index_checksum, as a saver writes it: readers refuse an index without one,
+// so a test of the structure checks signs what it edits.
+std::string signed_text(const std::string& text) {
+  auto j = nlohmann::json::parse(text);
+  j.erase("index_checksum");
+  j["index_checksum"] = checksum64::to_hex(index_checksum(j));
+  return j.dump();
+}
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(checksum_ignores_how_bytes_are_split_and_sees_one_flipped_bit) {
@@ -106,10 +114,10 @@ BOOST_AUTO_TEST_CASE(hostile_safetensors_headers_are_rejected) {
 }
 
 BOOST_AUTO_TEST_CASE(index_round_trip_and_hostile_indexes) {
-  const index_info x = parse_index(good_index, "i");
+  const index_info x = parse_index(signed_text(good_index), "i");
   BOOST_TEST(x.world == 2);
   BOOST_TEST(x.tensors.at("u.w").pieces.size() == 2u);
-  const index_info y = parse_index(to_json(x).dump(), "i");
+  const index_info y = parse_index(signed_text(to_json(x).dump()), "i");
   BOOST_TEST(to_json(y).dump() == to_json(x).dump());
   const std::pair<std::pair<std::string, std::string>, std::string> cases[] = {
       {{"\"version\":1", "\"version\":7"}, "index version 7"},
@@ -127,9 +135,14 @@ BOOST_AUTO_TEST_CASE(index_round_trip_and_hostile_indexes) {
       {{"\"step\":4", "\"step\":-4"}, "'step' missing or not an unsigned integer"},
   };
   for (const auto& [edit, why] : cases) {
-    const std::string text = replaced(good_index, edit.first, edit.second);
+    const std::string text = signed_text(replaced(good_index, edit.first, edit.second));
     BOOST_TEST_CONTEXT(edit.second) { expect_error([&] { (void)parse_index(text, "i"); }, why); }
   }
+  // Without its checksum an index is refused, whatever else it holds: an edit
+  // that keeps the structure valid could not be told from the saved index.
+  expect_error([&] { (void)parse_index(good_index, "i"); }, "the index has no index_checksum");
+  expect_error([&] { (void)parse_index(replaced(good_index, "\"shape\":[2,3]", "\"shape\":[3,2]"), "i"); },
+               "the index has no index_checksum");
   // The version is checked before the checksum: a version-2 index whose
   // checksum this build cannot verify is named as a version, not as damage.
   auto signed_index = to_json(x);
@@ -163,7 +176,7 @@ BOOST_AUTO_TEST_CASE(one_saver_per_checkpoint_root) {
 
 // The whole index, the trainer's fields included, is under one checksum.
 BOOST_AUTO_TEST_CASE(index_checksum_covers_every_field) {
-  const index_info x = parse_index(good_index, "i");
+  const index_info x = parse_index(signed_text(good_index), "i");
   const std::string text = index_text(x);
   BOOST_TEST(text.find("index_checksum") != std::string::npos);
   BOOST_TEST(parse_index(text, "i").extra["next_step"] == 4);

@@ -113,10 +113,14 @@ class Checkpoint:
         # The version first (the spec's order): another version may checksum its index another way.
         if index.get("version") != VERSION:
             raise CheckpointError(f"{where}: index version {index.get('version')!r}, this reader reads {VERSION}")
-        if "index_checksum" in index:
-            want = index.pop("index_checksum")
-            if _hex(checksum64(_canonical(index))) != want:
-                raise CheckpointError(f"{where}: the index does not match its checksum (edited or damaged)")
+        # Required: without it an edit that keeps the structure valid (a transposed
+        # shape, a dropped tensor) cannot be told from the saved index.
+        if "index_checksum" not in index:
+            raise CheckpointError(f"{where}: the index has no index_checksum (removed, or written before 2026-11-30); "
+                                  f"an unverified index is refused")
+        want = index.pop("index_checksum")
+        if _hex(checksum64(_canonical(index))) != want:
+            raise CheckpointError(f"{where}: the index does not match its checksum (edited or damaged)")
         self.index = index
         self.states = list(index["states"])
         world = index["world"]

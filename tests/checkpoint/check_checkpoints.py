@@ -187,18 +187,21 @@ try:
         damaged(name, mutate, expect)
         consolidate_rejects(name, mutate, expect)
 
-    def swap_keys_unchecked(j):  # the same edit with the checksum removed (an older index): the keys say it
-        swap_keys(j)
-        j.pop('index_checksum')
-    damaged('swapped keys, no index checksum', edit_index(swap_keys_unchecked), "a piece's key is")
-    consolidate_rejects('swapped keys, no index checksum', edit_index(swap_keys_unchecked), "a piece's key is")
-
-    def bad_scale_unchecked(j):  # exact_reduction's per-unit scale out of its range (--deterministic indexes hold them)
+    # Edits with the checksum removed: an index without index_checksum is refused
+    # whatever it holds (a transposed shape or a dropped tensor keeps the structure
+    # valid, so nothing else could tell them from the saved index).
+    def unchecked(change):
+        def edit(j):
+            change(j)
+            j.pop('index_checksum')
+        return edit
+    def bad_scale(j):  # exact_reduction's per-unit scale out of its range (--deterministic indexes hold them)
         j['exact_scales'] = {'embed': 100000}
-        j.pop('index_checksum')
-    damaged('an exact scale out of range, no index checksum', edit_index(bad_scale_unchecked), 'is not an integer in [')
-    consolidate_rejects('an exact scale out of range, no index checksum', edit_index(bad_scale_unchecked),
-                        'is not an integer in [')
+    for name, change in [('swapped keys', swap_keys), ('a transposed shape', transpose),
+                         ('a dropped tensor', lambda j: j['tensors'].pop(sorted(j['tensors'])[0])),
+                         ('an exact scale out of range', bad_scale)]:
+        damaged(f'{name}, no index checksum', edit_index(unchecked(change)), 'has no index_checksum')
+        consolidate_rejects(f'{name}, no index checksum', edit_index(unchecked(change)), 'has no index_checksum')
 
     _, after = run(2, ['--steps', '6', '--load', good])
     check('the previous checkpoint still loads after every damage', min(after) == 2)

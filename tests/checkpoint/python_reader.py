@@ -99,6 +99,12 @@ try:
     json.dump(x, open(os.path.join(d, 'index.json'), 'w'))
     refuses(d, 'an unknown format version (with a valid index checksum)')
     d, x = copy()
+    x.pop('index_checksum')
+    name = sorted(x['tensors'])[0]
+    x['tensors'][name]['shape'] = list(reversed(x['tensors'][name]['shape']))  # valid structure, wrong tensor
+    json.dump(x, open(os.path.join(d, 'index.json'), 'w'))
+    refuses(d, 'an index without its index_checksum (a shape transposed)')
+    d, x = copy()
     x['version'] = 2  # the checksum left as it was: the version is named first
     json.dump(x, open(os.path.join(d, 'index.json'), 'w'))
     try:

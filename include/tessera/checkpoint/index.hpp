@@ -128,7 +128,11 @@ inline std::string get_str(const nlohmann::json& j, const char* key, const std::
 }  // namespace detail
 
 //! Parses and checks an index (text from index.json); `what` names it in errors.
-inline index_info parse_index(std::string_view text, const std::string& what) {
+//! The index must carry its index_checksum: without it an edit that keeps the
+//! structure valid (a transposed shape, a dropped tensor, another seed) cannot
+//! be told from the saved index. `require_checksum = false` is for fuzzing the
+//! structure checks only.
+inline index_info parse_index(std::string_view text, const std::string& what, bool require_checksum = true) {
   using detail::get_str;
   using detail::get_u64;
   auto j = parse_json(text, what);
@@ -139,8 +143,10 @@ inline index_info parse_index(std::string_view text, const std::string& what) {
   if (get_u64(j, "version", what) != index_version)
     tessera::detail::fail(what + ": index version " + std::to_string(get_u64(j, "version", what)) + ", this build reads " +
                           std::to_string(index_version));
-  // The whole index (the trainer's extra fields included) is covered by its
-  // checksum; indexes written before it existed have none and are read as they are.
+  // The whole index (the trainer's extra fields included) is covered by its checksum.
+  if (require_checksum && !j.contains("index_checksum"))
+    tessera::detail::fail(what + ": the index has no index_checksum (removed, or written before 2026-11-30); "
+                                 "an unverified index could load edited weights or training state, so it is refused");
   if (j.contains("index_checksum")) {
     const std::uint64_t want = detail::parse_hex64(j["index_checksum"], what + " index_checksum");
     j.erase("index_checksum");
