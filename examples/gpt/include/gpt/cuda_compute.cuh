@@ -80,8 +80,11 @@ public:
   }
 
   //! Which attention kernels run: the flash kernels on tensor cores (bf16 compute, head
-  //! dimension 64, sm_80 or newer), else the exact fp32 ones (cuda_kernels.cuh).
-  [[nodiscard]] const char* attention_name() const { return flash_ ? "flash (bf16 tensor cores)" : "exact (fp32, a row per block)"; }
+  //! dimension 64, sm_80 or newer), else the exact ones (cuda_kernels.cuh; fp32 arithmetic, in
+  //! the compute type's inputs and outputs: fp32, or bf16 where flash does not apply).
+  [[nodiscard]] const char* attention_name() const {
+    return flash_ ? "flash (bf16 tensor cores)" : "exact (fp32 arithmetic, a query row per block)";
+  }
   //! The form each product with a cuBLASLt epilogue runs in (after the first step: the timings that chose it).
   [[nodiscard]] std::string products_used() const { return prod_.describe(); }
   [[nodiscard]] static bool uses_flash(const model_shape& s) {

@@ -170,8 +170,10 @@ void layernorm_backward(const float* dout, const float* x, const C* w, const flo
   }
   const unsigned grid = unsigned(std::max(blocks, 1));
   const std::size_t smem = 2 * std::size_t(D) * sizeof(float);
-  const bool vec = D % 4 == 0 && reinterpret_cast<std::uintptr_t>(w) % (4 * sizeof(C)) == 0 &&
-                   (!dxc || reinterpret_cast<std::uintptr_t>(dxc) % (4 * sizeof(C)) == 0);
+  // The 4-column form reads dout, x, dx as float4 and w, dxc as 4 C at a time: every one of them aligned.
+  const auto aligned = [](const void* p, std::size_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; };
+  const bool vec = D % 4 == 0 && aligned(dout, 16) && aligned(x, 16) && aligned(dx, 16) && aligned(w, 4 * sizeof(C)) &&
+                   (!dxc || aligned(dxc, 4 * sizeof(C)));
   const int per_lane = (D / 4 + 31) / 32;  // 4-column groups a lane takes
 #define TESSERA_GPT_LN_BACKWARD(J) \
   layernorm_backward_kernel<C, J><<<grid, 256, smem, s>>>(dout, x, w, mean, rstd, dx, dxc, dw, db, n, D)
