@@ -200,7 +200,8 @@ class Checkpoint:
         for name, t in self.index["tensors"].items():
             for p in t["pieces"]:
                 for r in p["ranges"]:
-                    ranges_of[p["file"]].append(r)
+                    if r["bytes"]:  # an empty piece has no entry in its file (spec, section 2.1)
+                        ranges_of[p["file"]].append(r)
         for q, f in enumerate(self.files):
             path = self._open(q)
             with open(path, "rb") as fh:
@@ -212,8 +213,20 @@ class Checkpoint:
                 header = json.loads(raw[8:8 + n].decode("utf-8"))
             except ValueError:
                 raise CheckpointError(f"checkpoint '{self.path}': {f['name']}: the safetensors header is not JSON") from None
-            entries = sorted((v["data_offsets"][0] + 8 + n, v["data_offsets"][1] - v["data_offsets"][0], k)
-                             for k, v in header.items() if k != "__metadata__")
+            if not isinstance(header, dict):
+                raise CheckpointError(f"checkpoint '{self.path}': {f['name']}: the safetensors header is not an object")
+            meta = header.get("__metadata__")
+            meta = meta if isinstance(meta, dict) else {}
+            for k, want in (("format", "tessera"), ("rank", str(q)), ("world", str(self.index["world"])),
+                            ("step", str(self.index["step"]))):
+                if meta.get(k) != want:
+                    raise CheckpointError(f"checkpoint '{self.path}': {f['name']}: its header's __metadata__ '{k}' is "
+                                          f"{meta.get(k)!r}; the index says '{want}'")
+            try:
+                entries = sorted((v["data_offsets"][0] + 8 + n, v["data_offsets"][1] - v["data_offsets"][0], k)
+                                 for k, v in header.items() if k != "__metadata__")
+            except (TypeError, KeyError, IndexError):
+                raise CheckpointError(f"checkpoint '{self.path}': {f['name']}: an entry of the safetensors header is malformed") from None
             by_key = {r["key"]: r for r in ranges_of[q]}
             digests = bytearray()
             for off, size, key in entries:

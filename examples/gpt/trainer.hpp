@@ -69,6 +69,9 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, const data
   options o = o_in;
   const int N = world.size(), r = world.rank();
   const model_shape& shape = o.shape;
+  // --save's directory is this job's for its whole life: a second job saving
+  // there fails now, not after the two have mixed their checkpoints.
+  const auto claim = o.save.empty() ? checkpoint::root_claim{} : checkpoint::claim_root(world, o.save);
   const bool talk = r == 0;
 
   memory_of<B>().reset_peak();

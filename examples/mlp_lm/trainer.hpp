@@ -65,6 +65,9 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
   options o = o_in;
   const int N = world.size(), r = world.rank();
   const model_shape shape{o.layers, o.d, o.ctx};
+  // --save's directory is this job's for its whole life: a second job saving
+  // there fails now, not after the two have mixed their checkpoints.
+  const auto claim = o.save.empty() ? checkpoint::root_claim{} : checkpoint::claim_root(world, o.save);
 
   memory_of<B>().reset_peak();
   memory_of<host_resident>().reset_peak();

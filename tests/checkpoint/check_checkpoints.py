@@ -11,11 +11,15 @@
                trained weights, and each rank file's pieces equal their slices
   damage       a missing file, a truncated file, a flipped byte, a broken
                index, a tensor the model lacks, a tensor the checkpoint lacks,
-               a shape that differs: each a one-line tessera: error naming the
-               file or tensor, while the previous checkpoint still loads
+               a shape that differs, a file or range checksum edited under a
+               re-signed index, a rank file's header metadata changed: each a
+               one-line tessera: error naming the file or tensor, while the
+               previous checkpoint still loads
   crash        a process killed at each point of a save leaves the last good
                checkpoint loadable and nothing that looks complete
   keep         --keep K leaves the newest K checkpoints
+  claim        a second job saving into a directory another job claimed
+               fails at its start; leftovers of killed saves are removed
 
 Usage: check_checkpoints.py MPIEXEC TRAINER CONSOLIDATE [TRAINER FLAGS...]
 (e.g. '--backend cuda --precision fp32' for the device path, staged through host memory)"""
@@ -25,9 +29,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 from safetensors.numpy import load_file
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', 'tools'))
+from tessera_checkpoint import checksum64, _canonical, _hex  # noqa: E402  (the spec's checksum, one implementation)
 
 mpiexec, trainer, consolidate = sys.argv[1:4]
 backend_flags = sys.argv[4:]
@@ -203,6 +211,34 @@ try:
         damaged(f'{name}, no index checksum', edit_index(unchecked(change)), 'has no index_checksum')
         consolidate_rejects(f'{name}, no index checksum', edit_index(unchecked(change)), 'has no index_checksum')
 
+    # Damage an attacker re-signs: the index checksum recomputed after the edit,
+    # so only the file checksums and the header's metadata can tell.
+    def resigned(change):
+        def edit(j):
+            change(j)
+            j.pop('index_checksum')
+            j['index_checksum'] = _hex(checksum64(_canonical(j)))
+        return edit
+    def wrong_file_checksum(j):
+        f = j['files'][1]
+        f['checksum'] = f'{int(f["checksum"], 16) ^ 1:016x}'
+    def wrong_range_checksum(j):  # a range's checksum edited to match bytes changed in the file
+        r = next(p for t in j['tensors'].values() for p in t['pieces'] if p['file'] == 1)['ranges'][0]
+        r['checksum'] = f'{int(r["checksum"], 16) ^ 1:016x}'
+    def header_step(d):  # "step":"4" -> "step":"5" in rank 1's header: same length, same offsets
+        p = f'{d}/{rank1}'
+        data = open(p, 'rb').read()
+        assert b'"step":"4"' in data[:4096]
+        open(p, 'wb').write(data.replace(b'"step":"4"', b'"step":"5"', 1))
+    for name, mutate, expect in [
+            ('a wrong file checksum under a re-signed index', edit_index(resigned(wrong_file_checksum)),
+             f"file '{rank1}' does not match its checksum in the index"),
+            ('a range checksum edited under a re-signed index', edit_index(resigned(wrong_range_checksum)),
+             f"file '{rank1}' does not match its checksum in the index"),
+            ("a rank file's header metadata changed (step)", header_step, "__metadata__ 'step' is '5'")]:
+        damaged(name, mutate, expect)
+        consolidate_rejects(name, mutate, expect)
+
     _, after = run(2, ['--steps', '6', '--load', good])
     check('the previous checkpoint still loads after every damage', min(after) == 2)
 
@@ -221,6 +257,39 @@ try:
     run(2, ['--steps', '5', '--save', f'{work}/k', '--save-every', '1', '--keep', '2'])
     kept = sorted(d for d in os.listdir(f'{work}/k') if d.startswith('step-'))
     check('--keep 2 keeps the newest two', kept == ['step-000000004', 'step-000000005'], f'{kept}')
+
+    # ---- one directory, one job ----
+    # A job claims --save's directory for its whole life: a second job saving
+    # there fails at its start, even between the first one's saves.
+    root = f'{work}/claimed'
+    first = subprocess.Popen([mpiexec, '--oversubscribe', '--bind-to', 'none', '-np', '2', trainer] + MODEL +
+                             ['--steps', '1000000', '--log-every', '1000000', '--save', root, '--save-every', '1000000'],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        for _ in range(300):  # the claim is taken before the first step
+            if os.path.exists(f'{root}/.tessera-save.lock') and os.path.getsize(f'{root}/.tessera-save.lock') > 0:
+                break
+            time.sleep(0.1)
+        t0 = time.time()
+        res, _ = run(2, ['--steps', '2', '--save', root], expect_ok=False)
+        lines = [l for l in res.stderr.splitlines() if l.startswith('tessera:')]
+        check('a second job saving into a claimed directory fails at its start, naming the holder',
+              res.returncode != 0 and any('is being saved to by another process (pid' in l for l in lines)
+              and time.time() - t0 < 60 and not any(d.startswith('step-') for d in os.listdir(root)),
+              lines[0] if lines else res.stderr.strip()[-300:])
+    finally:  # SIGTERM: mpirun ends its ranks (SIGKILL would leave them running, holding the claim)
+        first.terminate()
+        try:
+            first.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            first.kill()
+            first.wait()
+    # What killed saves left (a temporary, a retired or a moved-aside step) goes at the next claim.
+    for n in ('.tmp-step-000000099', '.retired-step-000000001', '.old-step-000000002'):
+        os.makedirs(f'{root}/{n}/x', exist_ok=True)
+    run(2, ['--steps', '1', '--save', root])
+    left = sorted(d for d in os.listdir(root) if d.startswith('.') and d != '.tessera-save.lock')
+    check('leftovers of killed saves are removed', left == [], f'{left}')
 finally:
     shutil.rmtree(work, ignore_errors=True)
 

@@ -115,6 +115,14 @@ try:
     cpp = subprocess.run([consolidate, d, os.path.join(work, 'x.safetensors')], capture_output=True, text=True)
     check(cpp.returncode != 0 and 'index version 2' in cpp.stderr,
           f'tessera-consolidate names a version-2 index by its version ({cpp.stderr.strip()[:200]})')
+    # A rank file's header metadata changed in place (same length, same offsets): both readers refuse it.
+    d, x = copy()
+    f = os.path.join(d, x['files'][0]['name'])
+    data = open(f, 'rb').read()
+    step = str(x['step']).encode()
+    other = str((x['step'] + 1) % 10 ** len(step)).zfill(len(step)).encode()  # another step, same length
+    open(f, 'wb').write(data.replace(b'"step":"' + step + b'"', b'"step":"' + other + b'"', 1))
+    refuses(d, "a rank file's header metadata (step) changed")
     # A step-N directory holding another step's index (moved or copied by hand) is not taken for step N.
     moved = os.path.join(work, 'moved')
     shutil.rmtree(moved, ignore_errors=True)

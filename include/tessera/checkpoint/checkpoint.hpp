@@ -38,6 +38,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tessera/backend/ops.hpp"
+#include "tessera/checkpoint/claim.hpp"
 #include "tessera/checkpoint/directory.hpp"
 #include "tessera/checkpoint/index.hpp"
 #include "tessera/checkpoint/io.hpp"
@@ -144,14 +145,14 @@ fs::path save(Opt& opt, const fs::path& root, long step, const save_options& o =
   // group 0 writes, the others take part in the gathers and the agreements.
   const bool writer = e.replica_rank() == 0;
   std::exception_ptr err;
-  std::optional<root_lock> lock;  // rank 0 holds the root for the whole save
+  std::optional<root_lock> lock;  // rank 0 holds the root for the whole save (unless it holds a claim)
   if (r == 0 && writer) {
     try {
       std::error_code ec;
       fs::create_directories(root, ec);
       if (ec) io_fail("cannot create", root.string(), ec.value());
-      lock.emplace(root);
-      fs::remove_all(tmp, ec);  // a save that crashed earlier
+      if (!claimed_here(root)) lock.emplace(root);  // a claim (claim.hpp) holds it for the job
+      remove_leftovers(root);  // of saves killed earlier: no save is writing them now
       if (!fs::create_directory(tmp, ec) || ec) io_fail("cannot create", tmp.string(), ec ? ec.value() : EEXIST);
     } catch (...) {
       err = std::current_exception();

@@ -107,7 +107,43 @@ struct rank_reader {
   for (int i = int(head.size()) - 1; i >= 0; --i) n = (n << 8) | head[std::size_t(i)];
   head.resize(std::size_t(std::min<std::uint64_t>(f.size(), 8 + std::min(n, max_header_bytes))));
   f.read(0, head.data(), head.size());
-  st_header h = parse_safetensors_header(head, f.size(), where + ": file '" + fi.name + "'");
+  const std::string what = where + ": file '" + fi.name + "'";
+  st_header h = parse_safetensors_header(head, f.size(), what);
+  // The header names this checkpoint: a file copied from another step or
+  // world, or a flipped bit in its metadata, is refused.
+  const auto meta = [&](const std::string& k) {
+    const auto it = h.metadata.find(k);
+    return it == h.metadata.end() ? std::string("(none)") : it->second;
+  };
+  const std::string want[4][2] = {{"format", "tessera"}, {"rank", std::to_string(q)},
+                                  {"world", std::to_string(x.world)}, {"step", std::to_string(x.step)}};
+  for (const auto& [k, v] : want)
+    if (meta(k) != v)
+      tessera::detail::fail(what + ": its header's __metadata__ '" + k + "' is '" + meta(k) + "'; the index says '" + v + "'");
+  // The file's checksum (§4.2 of docs/checkpoint-format.md): its header bytes,
+  // then the digest of each entry the index places in it, by offset. It ties
+  // the header and the index's range checksums together, so it is checked
+  // before any tensor is read, whatever part of the file this reader needs.
+  std::vector<std::pair<std::uint64_t, const byte_range*>> ranges;
+  for (const auto& [key, t] : x.tensors)
+    for (const auto& pi : t.pieces)
+      if (pi.file == q)
+        for (const auto& br : pi.ranges)
+          if (br.bytes > 0) ranges.emplace_back(br.offset, &br);
+  std::sort(ranges.begin(), ranges.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  checksum64 whole;
+  whole.update(head.data(), head.size());
+  for (std::size_t i = 0; i < ranges.size(); ++i) {
+    const byte_range& br = *ranges[i].second;
+    if (i > 0 && ranges[i - 1].second->offset + ranges[i - 1].second->bytes > br.offset)
+      tessera::detail::fail(what + ": two entries of the index overlap at byte " + std::to_string(br.offset));
+    unsigned char le[8];
+    for (int b = 0; b < 8; ++b) le[b] = static_cast<unsigned char>(br.checksum >> (8 * b));
+    whole.update(le, sizeof le);
+  }
+  if (whole.digest() != fi.checksum)
+    tessera::detail::fail(what + " does not match its checksum in the index (its header, or the index's entries for it, "
+                          "were changed)");
   return {std::move(f), std::move(h), fi.name};
 }
 
