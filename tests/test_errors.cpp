@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -280,6 +281,31 @@ BOOST_AUTO_TEST_CASE(get_param_on_one_rank) {
   }, "collective order differs");
 }
 
+// The optimizer's settings take part in the order check: the grad-norm
+// all-reduce is labelled with the step's learning rate and a digest of every
+// setting, so a rank that differs fails that step, its value named.
+BOOST_AUTO_TEST_CASE(optimizer_settings_that_differ_on_one_rank) {
+  comm::mpi c;
+  if (c.size() == 1) return;
+  const bool odd = c.rank() == 1;  // the message is the same on every rank
+  auto one_step = [&](adamw hp, std::function<double(long, double)> schedule, const std::string& expect) {
+    data_parallel_t<ZG> m(c);
+    auto u = m.add_unit("u");
+    auto w = m.add_param(u, "w", {8});
+    m.finalize();
+    ShardedOptimizer opt(m, hp);
+    if (schedule) opt.set_schedule(std::move(schedule));
+    m.begin_micro_batch(0, 1);
+    fill_grads(m, u, w);
+    const auto before = m.get_param(w);
+    expect_error([&] { (void)opt.step().get(); }, expect);
+    BOOST_TEST(m.get_param(w) == before);  // no rank moved
+  };
+  one_step(adamw{.lr = odd ? 0.2 : 0.1}, {}, "lr 0.2, settings");
+  one_step(adamw{.lr = 0.1, .beta2 = odd ? 0.95 : 0.999}, {}, "collective order differs");
+  one_step(adamw{.lr = 0.1}, [odd](long t, double lr) { return odd ? lr * double(t) / 10 : lr; }, "lr 0.01");
+}
+
 BOOST_AUTO_TEST_CASE(step_without_gradients) {
   comm::mpi c;
   data_parallel_t<ZG> m(c);
@@ -318,6 +344,10 @@ BOOST_AUTO_TEST_CASE(flight_recorder_file) {
     comm::all_reduce(c, std::span<float>(x));
     BOOST_TEST(x[0] == float(c.size()));
   }
+  // Unasked, the files go to the job's folder under the temporary directory, never the working directory.
+  const auto unasked = comm::trace::global().file();
+  BOOST_TEST(unasked.parent_path().filename().string().starts_with("tessera-traces-"), unasked);
+  BOOST_TEST(unasked.parent_path().parent_path() == std::filesystem::path(std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp"));
   ::setenv("TESSERA_TRACE_DIR", dir.c_str(), 1);
   const auto path = comm::trace::global().dump("test", "asked by the test");
   ::unsetenv("TESSERA_TRACE_DIR");

@@ -12,7 +12,8 @@
 //!
 //! Environment: TESSERA_TRACE=0 turns the trace files (and the SIGUSR1
 //! dump) off, not the recording the watchdog needs; TESSERA_TRACE_ENTRIES=K sets the ring's length (default 4096);
-//! TESSERA_TRACE_DIR is where the files go (default: the working directory).
+//! TESSERA_TRACE_DIR is where the files go (default: trace::default_dir(),
+//! a folder of the job's under $TMPDIR or /tmp).
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -33,6 +34,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include "tessera/comm/trace_files.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
 
@@ -317,13 +319,13 @@ public:
     return call_text(e.op, e.seq, e.count, e.type, e.label.data());
   }
 
-  //! Where this process's trace file goes.
+  //! Where this process's trace file goes: TESSERA_TRACE_DIR, else this
+  //! job's folder under the temporary directory (trace::default_dir()).
   [[nodiscard]] std::filesystem::path file() const {
     const char* dir = std::getenv("TESSERA_TRACE_DIR");
     const int r = process_rank_ < 0 ? 0 : process_rank_;
-    return std::filesystem::path(dir && *dir ? dir : ".") / ("tessera-trace-rank" + std::to_string(r) + ".json");
+    return (dir && *dir ? std::filesystem::path(dir) : default_dir()) / ("tessera-trace-rank" + std::to_string(r) + ".json");
   }
-
   //! Writes the trace file (atomically: a temporary renamed into place).
   //! Returns its path, or empty when disabled or the write failed (a dump
   //! happens while something already went wrong: it never throws).
@@ -374,18 +376,6 @@ private:
     char b[32];
     std::snprintf(b, sizeof b, "%g", s);
     return b;
-  }
-  static void json_string(std::string& out, std::string_view s) {
-    out += '"';
-    for (unsigned char c : s) {
-      if (c == '"' || c == '\\') out += '\\', out += char(c);
-      else if (c < 0x20 || c >= 0x7f) {  // ASCII only: a label never needs more
-        char b[8];
-        std::snprintf(b, sizeof b, "\\u%04x", c);
-        out += b;
-      } else out += char(c);
-    }
-    out += '"';
   }
   std::string to_json(std::string_view reason, std::string_view message) const {
     std::string o = "{\"format\":\"tessera-trace\",\"version\":1,\"rank\":" + std::to_string(process_rank_) +

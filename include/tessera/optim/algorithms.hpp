@@ -13,6 +13,7 @@
 //!   static constexpr std::string_view name;                // recorded in checkpoints
 //!   static constexpr std::string_view state_names[state_count];  // checkpoint entry names
 //!   double lr;                                             // the base learning rate
+//!   std::array<double, K> settings() const;                // optional: every setting, compared across ranks
 //!   template <class M, class G, class C> F kernel(const update_args<M, G, C>&) const;
 //! where F is a copyable functor with `void operator()(std::size_t i) const`
 //! (marked TESSERA_HOST_DEVICE to run on the CUDA backend).
@@ -33,6 +34,7 @@
 //! also has `static constexpr int vector_width`, `bool vector_ok` and
 //! `template <int V, bool Stream> void run(std::size_t base) const` gets the
 //! CUDA backend's vectorised launch. adamw and sgd below are written so.
+#include <array>
 #include <cmath>
 #include <concepts>
 #include <cstddef>
@@ -103,6 +105,8 @@ struct adamw {
   //! State names, as PyTorch's state_dict calls them (checkpoints use them).
   static constexpr std::string_view state_names[state_count] = {"exp_avg", "exp_avg_sq"};
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
+  //! Every setting, for the agreement across ranks (ShardedOptimizer::decide).
+  [[nodiscard]] std::array<double, 5> settings() const { return {lr, beta1, beta2, eps, weight_decay}; }
 
   //! lr, 1 / (1 - beta1^step), 1 / sqrt(1 - beta2^step): computed on the host in double, as the kernel used to be built.
   static constexpr int scalar_count = 3;
@@ -125,6 +129,7 @@ struct sgd {
   static constexpr std::string_view state_names[state_count] = {"momentum_buffer"};
   double lr = 1e-2, momentum = 0.0, weight_decay = 0.0;
   bool nesterov = false;
+  [[nodiscard]] std::array<double, 4> settings() const { return {lr, momentum, weight_decay, nesterov ? 1.0 : 0.0}; }
 
   static constexpr int scalar_count = 1;  // lr
   void step_scalars(long, double step_lr, float* out) const { out[0] = float(step_lr); }

@@ -140,9 +140,11 @@ inline constexpr std::size_t norm_scalars = 2;
 //! all-reduced (acc: norm_scalars doubles), or under exact_reduction the largest
 //! magnitude (a max) and then the squares on its fixed-point grid (an
 //! integer sum of fixed::norm_limbs limbs), order-independent on any split of the elements.
+//! `settings` names the step's optimizer settings in the all-reduce's label,
+//! which the collective-order check compares across ranks.
 template <class B, bool Exact, class Engine>
 void decide_global_norm(Engine& e, std::size_t units, double* acc, std::uint64_t* limbs, step_control* ctl,
-                        double clip_norm, const step_book& book) {
+                        double clip_norm, const step_book& book, const char* settings = nullptr) {
   using ops = backend_ops<B>;
   using G = std::remove_cvref_t<typename decltype(e.norm_grads(0))::element_type>;
   ops::fill(std::span<double>(acc, norm_scalars), 0.0);
@@ -151,7 +153,7 @@ void decide_global_norm(Engine& e, std::size_t units, double* acc, std::uint64_t
   const std::span<const std::span<const G>> all(grads);
   if constexpr (Exact) {
     ops::max_abs_into(all, acc);
-    comm::label lbl("grad_norm");
+    comm::label lbl("grad_norm", settings);
     e.combine_partials(acc, 1, comm::reduce_op::max);
     ops::fill(std::span<std::uint64_t>(limbs, fixed::norm_limbs), std::uint64_t(0));
     ops::sum_squares_fixed_into(all, acc, limbs);
@@ -161,7 +163,7 @@ void decide_global_norm(Engine& e, std::size_t units, double* acc, std::uint64_t
   } else {
     ops::sum_squares_into(all, acc);
     {
-      comm::label lbl("grad_norm");
+      comm::label lbl("grad_norm", settings);
       e.sum_partials(acc, norm_scalars);  // each element counted once on any mesh
     }
     ops::for_each(1, decide_step{acc, ctl, clip_norm, book});

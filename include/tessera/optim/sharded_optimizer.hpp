@@ -3,15 +3,18 @@
 //! optimizer range only; one pass per step, then the strategy's weight all-gather.
 #include <cmath>
 #include <cstddef>
+#include <cstdio>
 #include <memory>
 #include <functional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "tessera/backend/host/pool.hpp"
 #include "tessera/backend/memory.hpp"
 #include "tessera/backend/ops.hpp"
 #include "tessera/comm/communicator.hpp"
+#include "tessera/core/checksum.hpp"
 #include "tessera/core/fixed_point.hpp"
 #include "tessera/core/vec.hpp"
 #include "tessera/optim/algorithms.hpp"
@@ -218,8 +221,9 @@ public:
     e_.flush();  // updates a forward did not reach (unused units) read the control block this decision rewrites
     e_.finish_grad_sync();  // may refuse (no gradients): before the decision is numbered
     auto rec = issue();  // numbered after finish_grad_sync() accepted the step
+    settings_ = settings_text(rec->index + 1);
     detail::decide_global_norm<B, exact>(e_, units_.size(), acc_.data(), limbs_.data(), ctl_.data(), opt_.clip_norm,
-                                         ledger_.book());
+                                         ledger_.book(), settings_.c_str());
     if (!ops::capturing()) ledger_.mark();
     decided_ = true;
     return step_handle<B>(std::move(rec));
@@ -388,6 +392,20 @@ private:
       if constexpr (capturable) hp_.step_scalars(long(s), e.lr, e.v);
     });
   }
+  // The step's settings as the grad-norm all-reduce's label: the learning
+  // rate the schedule gives decision k (k = decisions so far, the same on
+  // every rank) and a digest of every setting's bits. Where the order check
+  // runs (comm::mpi's default), a rank whose learning rate, schedule or
+  // hyper-parameters differ fails that step with the ranks and values named.
+  std::string settings_text(long long k) const {
+    std::vector<double> v{schedule_ ? schedule_(long(k), hp_.lr) : hp_.lr, opt_.clip_norm};
+    if constexpr (requires { hp_.settings(); })
+      for (double x : hp_.settings()) v.push_back(x);
+    char b[64];
+    std::snprintf(b, sizeof b, "lr %.6g, settings %08llx", v[0],
+                  static_cast<unsigned long long>(checksum64::of(v.data(), v.size() * sizeof(double)) & 0xffffffffu));
+    return b;
+  }
   static step_control zero_control() {
     step_control c{};
     c.grad_scale = 1;
@@ -407,6 +425,7 @@ private:
   buffer<step_control> ctl_host_;  // its copy for the host update (offloaded units)
   detail::step_ledger<B> ledger_;  // the decisions' numbers, rings and records
   bool decided_ = false;
+  std::string settings_;  // this step's settings label (settings_text), alive while the all-reduce is recorded
 };
 
 }  // namespace tessera
