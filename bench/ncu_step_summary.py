@@ -23,8 +23,16 @@ CLASSES = [
     ("cuBLASLt bias-gradient reduction", r"BgradAB"),
     ("fused AdamW (one per unit)", r"adamw"),
     ("global norm (sum of squares / exact passes)", r"sum_squares|max_abs|for_each_max"),
-    ("separate bias adds", r"add_bias"),
+    ("separate bias adds", r"add_bias|kernels::bias_kernel"),
     ("GELU / dGELU element-wise", r"gelu"),
+    # tessera-gpt's own kernels
+    ("attention backward (flash, and its row dots)", r"flash::(backward_kernel|row_dot)|attention_backward"),
+    ("attention forward (flash)", r"flash::forward_kernel|attention_forward"),
+    ("LayerNorm backward", r"layernorm_backward"),
+    ("LayerNorm forward", r"layernorm_kernel"),
+    ("cross-entropy (loss and gradient in place)", r"cross_entropy"),
+    ("dtype conversions", r"convert_kernel"),
+    ("residual adds", r"kernels::add_kernel"),
 ]
 OTHER = "embedding, one-hot, softmax + loss, fills, decisions"
 

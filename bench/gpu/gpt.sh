@@ -13,11 +13,14 @@
 #    seq 1024, beside PyTorch eager (SDPA) and, with TESSERA_GPT_COMPILE=1,
 #    torch.compile in the same call (bench/gpt_speed_summary.py prints the
 #    ratios); $TESSERA_GPT_FLAGS adds trainer flags (e.g. --recompute);
+#  - variants: $TESSERA_GPT_VARIANT (gpt2:32) at one rank under fsdp and fsdp2
+#    (optim_grads_params), fsdp and ddp (no_shard), and --recompute, beside
+#    torch.compile in the same call;
 #  - profile: the last step of $TESSERA_GPT_PROFILE (gpt2:8) under ncu, every
 #    kernel alone, summed by class (bench/ncu_step_summary.py).
 # Text: $TESSERA_GPT_TEXT, a plain-text English file (the machine has no
 # fortunes package: carry one).
-# TESSERA_GPT_PARTS="kernels curves torch hf speed profile" picks parts.
+# TESSERA_GPT_PARTS="kernels curves torch hf speed variants profile" picks parts.
 gpt_text=${TESSERA_GPT_TEXT:-}
 gpt_parts=${TESSERA_GPT_PARTS:-kernels curves torch hf speed}
 if [ -z "$gpt_text" ] || [ ! -f "$gpt_text" ]; then
@@ -75,6 +78,24 @@ else
         peers="$peers $OUT/gpt-$model-b$b-compile.json"
       fi
       python3 bench/gpt_speed_summary.py "$OUT/gpt-$model-b$b-tessera.json" $peers | tee -a "$OUT/summary.txt"
+    done
+  fi
+  if [[ " $gpt_parts " == *" variants "* ]]; then
+    # What the wrapper and strategy cost at one rank (sharding must cost nothing at N = 1) and what
+    # --recompute costs and saves: $TESSERA_GPT_VARIANT (gpt2:32) under each, beside torch.compile.
+    spec=${TESSERA_GPT_VARIANT:-gpt2:32}
+    model=${spec%%:*} b=${spec##*:}
+    timeout 400 python3 bench/torch_gpt2.py --model $model --precision bf16 --batch $b --seq 1024 --steps 30 --compile \
+      >"$OUT/gpt-variants-compile.json" 2>"$LOGS/gpt-variants-compile.err" || status=1
+    for v in "fsdp optim_grads_params" "fsdp2 optim_grads_params" "fsdp no_shard" "ddp no_shard" \
+             "fsdp optim_grads_params --recompute"; do
+      set -- $v
+      tag=$(echo "$v" | tr ' ' '-' | tr -d -)
+      log "$model batch $b, one rank: --wrapper $1 --strategy $2 ${3:-}"
+      timeout 200 "$bin/tessera-gpt" --backend cuda --model $model --precision bf16 --batch $b --steps 12 --log-every 1 \
+        --json --data "$gpt_text" --text --wrapper $1 --strategy $2 ${3:-} >"$OUT/gpt-variant-$tag.json" \
+        2>"$LOGS/gpt-variant-$tag.err" || status=1
+      python3 bench/gpt_speed_summary.py "$OUT/gpt-variant-$tag.json" "$OUT/gpt-variants-compile.json" | tee -a "$OUT/summary.txt"
     done
   fi
   if [[ " $gpt_parts " == *" profile "* ]]; then
