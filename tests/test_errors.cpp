@@ -248,23 +248,45 @@ BOOST_AUTO_TEST_CASE(ranks_with_different_configs) {
   else run.template operator()<config<no_shard, fsdp>>();
 }
 
+// Under every strategy: with no_shard and optim only the last micro-batch
+// reduces, so the counts show only in the reduction's label ("mb 2/2 u").
 BOOST_AUTO_TEST_CASE(micro_batch_counts_that_differ) {
   comm::mpi c;
   if (c.size() == 1) return;
+  auto run = [&]<class Cfg>() {
+    data_parallel_t<Cfg> m(c);
+    auto u = m.add_unit("u");
+    auto w = m.add_param(u, "w", {8});
+    m.finalize();
+    ShardedOptimizer opt(m, sgd{.lr = 0.1});
+    const int count = c.rank() == 0 ? 2 : 1;
+    const auto before = m.get_param(w);
+    expect_error([&] {
+      for (int mb = 0; mb < count; ++mb) {
+        m.begin_micro_batch(mb, count);
+        fill_grads(m, u, w);
+        m.reduce_grads(u);
+      }
+      (void)opt.step().get();
+    }, "collective order differs");
+    m.zero_grad();
+    BOOST_TEST(m.get_param(w) == before);  // no rank stepped
+  };
+  run.template operator()<ZG>();
+  run.template operator()<config<no_shard, fsdp>>();
+  run.template operator()<config<optim, ddp>>();
+  run.template operator()<Z3>();
+}
+
+BOOST_AUTO_TEST_CASE(units_registered_in_another_order) {
+  comm::mpi c;
+  if (c.size() == 1) return;
   data_parallel_t<ZG> m(c);
-  auto u = m.add_unit("u");
-  auto w = m.add_param(u, "w", {8});
-  m.finalize();
-  ShardedOptimizer opt(m, sgd{.lr = 0.1});
-  const int count = c.rank() == 0 ? 2 : 1;
-  expect_error([&] {
-    for (int mb = 0; mb < count; ++mb) {
-      m.begin_micro_batch(mb, count);
-      fill_grads(m, u, w);
-      m.reduce_grads(u);
-    }
-    (void)opt.step().get();
-  }, "collective order differs");
+  const bool odd = c.rank() == 1;
+  auto a = m.add_unit(odd ? "beta" : "alpha"), b = m.add_unit(odd ? "alpha" : "beta");
+  (void)m.add_param(odd ? b : a, "w", {6});
+  (void)m.add_param(odd ? a : b, "w", {7});
+  expect_error([&] { m.finalize(); }, "ranks disagree on the order of the units");
 }
 
 BOOST_AUTO_TEST_CASE(get_param_on_one_rank) {
@@ -304,6 +326,37 @@ BOOST_AUTO_TEST_CASE(optimizer_settings_that_differ_on_one_rank) {
   one_step(adamw{.lr = odd ? 0.2 : 0.1}, {}, "lr 0.2, settings");
   one_step(adamw{.lr = 0.1, .beta2 = odd ? 0.95 : 0.999}, {}, "collective order differs");
   one_step(adamw{.lr = 0.1}, [odd](long t, double lr) { return odd ? lr * double(t) / 10 : lr; }, "lr 0.01");
+}
+
+// set_param is local (no communication); what it set is summed into a digest
+// that the next step's grad-norm label carries, so values set on some ranks
+// only, or differing between ranks, fail that step under every strategy.
+BOOST_AUTO_TEST_CASE(set_param_on_one_rank_or_with_other_values) {
+  comm::mpi c;
+  if (c.size() == 1) return;
+  auto run = [&]<class Cfg>(bool everywhere, float mine, bool agree = false) {
+    data_parallel_t<Cfg> m(c);
+    auto u = m.add_unit("u");
+    auto w = m.add_param(u, "w", {8});
+    m.finalize();
+    ShardedOptimizer opt(m, sgd{.lr = 0.1});
+    const std::vector<float> v(8, mine);
+    if (everywhere || c.rank() == 0) m.set_param(w, v);
+    m.begin_micro_batch(0, 1);
+    fill_grads(m, u, w);
+    if (agree) {
+      BOOST_TEST(!opt.step().get().skipped);  // the same values everywhere: no error
+      return;
+    }
+    expect_error([&] { (void)opt.step().get(); }, "set_param");
+    m.zero_grad();
+  };
+  run.template operator()<config<no_shard, ddp>>(false, 0.5f);
+  run.template operator()<Z1>(false, 0.5f);
+  run.template operator()<ZG>(false, 0.5f);
+  run.template operator()<Z3>(false, 0.5f);
+  run.template operator()<Z3>(true, c.rank() == 1 ? 0.25f : 0.5f);  // differing values
+  run.template operator()<Z3>(true, 0.5f, true);
 }
 
 BOOST_AUTO_TEST_CASE(step_without_gradients) {

@@ -3,9 +3,11 @@
 // happened. Exit code by verdict:
 //   0 nothing in flight (no fault visible), 1 unreadable input,
 //   2 divergent program (ranks issued different collectives as #k),
-//   3 stopped or slow rank (some ranks never issued #k while others wait in it),
-//   4 network (every rank issued #k, none completed it),
-//   5 a rank ended with an error (and nothing above explains the rest).
+//   3 stopped or slow rank (some ranks never issued #k, or issued it and never
+//     waited for it, while others wait in it),
+//   4 network (every rank issued #k and waited in it, none completed it),
+//   5 a rank ended with an error of its own (recorded before the first
+//     timeout): the cause, whoever waited for it.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -113,6 +115,34 @@ verdict diagnose(const std::map<int, rank_trace>& traces, int world) {
         if (auto it = t.calls.find(c); it != t.calls.end())
           if (auto x = it->second.find(s); x != it->second.end()) by[x->second.show(s)].push_back(r);
       if (by.size() < 2) continue;
+      // A rank whose communicator ended there ("end", comm::mpi's end check) left the job: its own
+      // recorded error is the cause where it has one, else it returned or exited early.
+      std::vector<int> left;
+      std::string others;
+      for (const auto& [what, rs] : by) {
+        if (what.rfind("end #", 0) == 0) left.insert(left.end(), rs.begin(), rs.end());
+        else others += (others.empty() ? "" : "; ") + ranks_text(rs) + " issued " + what;
+      }
+      if (!left.empty()) {
+        v.comm = c;
+        v.seq = (long long)s;
+        v.culprits = left;
+        for (int r : left)
+          if (const auto& t = traces.at(r); t.reason == "error" || t.reason == "terminate") {
+            v.code = 5;
+            v.kind = "error";
+            v.culprits = {r};
+            v.text = "Rank " + std::to_string(r) + " ended with an error: " + t.message + ". It left the job (its " +
+                     "communicator ended) while " + others + " on communicator " + std::to_string(c) + ".";
+            return v;
+          }
+        v.code = 3;
+        v.kind = "stopped_rank";
+        v.text = "A rank left early: " + ranks_text(left) + " ended its communicator " + std::to_string(c) +
+                 " (returned, threw or exited) as its collective #" + std::to_string(s) + ", while " + others +
+                 ". Look at how that rank's program ended (its last log lines).";
+        return v;
+      }
       v.code = 2;
       v.kind = "divergent";
       v.comm = c;
@@ -173,6 +203,14 @@ verdict diagnose(const std::map<int, rank_trace>& traces, int world) {
       }
     }
     std::sort(absent.begin(), absent.end());
+    // Ranks that issued #k and never began to wait for it (a non-blocking
+    // collective issued, then the rank stopped or went on working outside
+    // the library): not the network's fault.
+    std::vector<int> never_waited;
+    for (int r : waiting)
+      if (const auto& x = traces.at(r).calls.at(c).at(std::uint64_t(k)); x.waiting_us == 0) never_waited.push_back(r);
+    if (never_waited.size() < waiting.size())
+      for (int r : never_waited) absent.push_back(r), std::erase(waiting, r);
     v.comm = c;
     v.seq = k;
     v.waiting = waiting;
@@ -182,12 +220,31 @@ verdict diagnose(const std::map<int, rank_trace>& traces, int world) {
     if (cut != std::numeric_limits<std::int64_t>::max()) stop_us = cut;
     char secs[64] = "";
     if (since && stop_us > since) std::snprintf(secs, sizeof secs, " for %.1f s", double(stop_us - since) / 1e6);
+    // A rank that recorded an error of its own (before the first timeout) is the cause.
+    for (const auto& [r, t] : traces)
+      if ((t.reason == "error" || t.reason == "terminate") && (t.time_us <= cut || cut == std::numeric_limits<std::int64_t>::max())) {
+        v.code = 5;
+        v.kind = "error";
+        v.culprits = {r};
+        v.text = "Rank " + std::to_string(r) + " ended with an error: " + t.message + "." +
+                 (waiting.empty() ? std::string()
+                                  : " " + ranks_text(waiting) + (waiting.size() == 1 ? " was" : " were") + " waiting in " +
+                                        name + " on communicator " + std::to_string(c) + secs + " when the job ended.");
+        return v;
+      }
     if (!absent.empty()) {
       v.code = 3;
       v.kind = "stopped_rank";
       v.culprits = absent;
-      v.text = "Stopped or slow rank: " + ranks_text(absent) + " never issued " + name + " on communicator " +
-               std::to_string(c) + ", while " + ranks_text(waiting) + " waited in it" + secs + ".";
+      std::vector<int> silent_issuers = never_waited, never_issued;
+      for (int r : absent)
+        if (std::find(never_waited.begin(), never_waited.end(), r) == never_waited.end()) never_issued.push_back(r);
+      v.text = "Stopped or slow rank: " +
+               (never_issued.empty() ? std::string() : ranks_text(never_issued) + " never issued " + name) +
+               (never_issued.empty() || silent_issuers.empty() ? "" : "; ") +
+               (silent_issuers.empty() ? std::string()
+                                       : ranks_text(silent_issuers) + " issued " + name + " but never waited for it") +
+               " on communicator " + std::to_string(c) + ", while " + ranks_text(waiting) + " waited in it" + secs + ".";
       std::vector<int> silent;
       for (int r : absent)
         if (!traces.contains(r)) silent.push_back(r);

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Never hang: faults injected into a running multi-rank job end it within
 the timeout, with the collective named, trace files written, and
-tessera-doctor naming the cause.
+tessera-doctor naming the cause; a rank that returns from main while the
+others train on is named by them at once.
 
 usage: check_faults.py MPIEXEC TRAINER DOCTOR DIVERGENT [NP]
 """
@@ -83,6 +84,10 @@ expect(dt < 20, f"error: ended after {dt:.1f} s, want < 20 (well before the 60 s
 expect("TESSERA_TEST_FAULT: an error on rank 1 only" in err and "[rank 1 of" in err,
        "error: the failing rank's tessera: line, with its rank")
 expect("tessera-trace-rank1.json" in traces(d), "error: the failing rank wrote its trace")
+code, v = doctor_says(d)
+expect(code == 5 and v.get("verdict") == "error" and v.get("culprits") == [1]
+       and "TESSERA_TEST_FAULT: an error on rank 1 only" in v.get("summary", ""),
+       "error: the doctor reports rank 1's recorded error as the cause")
 
 # 4. Options given to one rank only: one tessera: error before training.
 rc, out, err, dt, d = run("options", [mpiexec, "--oversubscribe", "-np", "1", trainer] + SMALL + ["--steps", "2", ":",
@@ -104,6 +109,12 @@ rc, out, err, dt, d = run("divergent-unchecked", MPI + [divergent, "off"],
 expect(rc is not None and dt < 30, "divergent without the check: the job ends within 30 s")
 code, v = doctor_says(d)
 expect(code == 2 and v.get("verdict") == "divergent", "divergent: the doctor reports a divergent program")
+
+# 7. A rank that catches its own error and returns from main (no mpi_main), the others training on:
+# its communicator's end check makes their next collective fail at once, naming it (not the watchdog's 60 s).
+rc, out, err, dt, d = run("leave", MPI + [divergent, "leave"], {"TESSERA_TIMEOUT_S": "60"}, 30)
+expect(rc == 0 and dt < 20, f"leave: every rank ends within seconds, the others naming rank 1 (exit {rc}, {dt:.1f} s)")
+expect(out.count("rank 1 issued end") >= int(np_) - 1, "leave: the others' error names rank 1 leaving")
 
 if failures:
     print(f"{len(failures)} check(s) failed:", *failures, sep="\n  ")

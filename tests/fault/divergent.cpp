@@ -14,7 +14,42 @@
 
 using namespace tessera;
 
+// divergent leave: without mpi_main, the usual user pattern: rank 1 throws
+// at step 2, catches and returns from main; the others train on. Rank 1's
+// communicator ends as it returns (comm::mpi's end check), so the others fail
+// at their next collective, rank 1 named as leaving, within seconds, not at
+// the watchdog's deadline. Exit 0 on the ranks that name it.
+int leave(int argc, char** argv) {
+  comm::mpi_session session(&argc, &argv);  // outside the try: finalized after the communicator ends
+  int rank = -1;
+  try {
+    comm::mpi c;
+    rank = c.rank();
+    data_parallel_t<config<optim_grads_params, fsdp>> m(c);
+    auto a = m.add_unit("alpha");
+    auto w = m.add_param(a, "w", {64});
+    m.finalize();
+    ShardedOptimizer opt(m, sgd{.lr = 0.1});
+    for (int step = 0; step < 1000000; ++step) {
+      if (rank == 1 && step == 2) throw tessera::error("an error on rank 1 only, caught in main");
+      m.begin_micro_batch(0, 1);
+      {
+        auto s = m.gather(a);
+        for (auto& g : s.grad(w)) g = 1.0f;
+      }
+      (void)opt.step();
+    }
+  } catch (const std::exception& e) {
+    const bool named = std::string(e.what()).find("rank 1 issued end") != std::string::npos;
+    std::printf("rank %d: %s\n", rank, e.what());
+    std::fflush(stdout);
+    return rank == 1 || named ? 0 : 1;
+  }
+  return 1;
+}
+
 int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "leave") == 0) return leave(argc, argv);
   const bool check = argc > 1 && std::strcmp(argv[1], "on") == 0;
   return comm::mpi_main(argc, argv, [&] {
     comm::mpi c(comm::mpi_options{.order_check = check});

@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <exception>
 #include <cstring>
 #include <vector>
 #include <cstdint>
@@ -97,7 +98,7 @@ public:
   explicit mpi(mpi_options o) : mpi(MPI_COMM_WORLD, o) {}
   mpi(mpi&& o) noexcept
       : opt_(o.opt_), comm_(std::exchange(o.comm_, MPI_COMM_NULL)), rank_(o.rank_), size_(o.size_),
-        channel_(std::exchange(o.channel_, -1)) {}
+        channel_(std::exchange(o.channel_, -1)), diverged_(o.diverged_) {}
   mpi& operator=(mpi&& o) noexcept {
     if (this != &o) {
       free();
@@ -106,6 +107,7 @@ public:
       rank_ = o.rank_;
       size_ = o.size_;
       channel_ = std::exchange(o.channel_, -1);
+      diverged_ = o.diverged_;
     }
     return *this;
   }
@@ -220,12 +222,39 @@ private:
     rec.set_peers(std::move(pids));
   }
   void free() noexcept {
+    end_check();
     if (channel_ >= 0) trace::global().close(channel_);
     channel_ = -1;
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
     comm_ = MPI_COMM_NULL;
+  }
+
+  // A rank that leaves (returns, throws or exits, destroying its
+  // communicator) while the others still expect collectives: with the order
+  // check, a communicator's end is a collective too ("end", a barrier), so a
+  // peer still issuing collectives fails at its next one, this rank named,
+  // instead of waiting for the watchdog (and a peer that left early is named
+  // here). Every rank ends its communicators in the same order in a program
+  // that runs the same collectives, so a normal end costs one barrier. After
+  // a mismatch on this communicator every rank was told: no end check.
+  void end_check() noexcept {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (comm_ == MPI_COMM_NULL || finalized || size_ <= 1 || !opt_.order_check || diverged_ || channel_ < 0 ||
+        trace::global().faulted())
+      return;
+    try {
+      label l("leaving:", "its communicator was destroyed (returned, threw or exited)");
+      const auto tk = begin("end", 0, dtype::u8, true);
+      done(tk, MPI_Barrier(comm_), "MPI_Barrier (end)", 0, dtype::u8);
+    } catch (const std::exception& e) {
+      // While an exception unwinds this rank, that exception is the cause, and
+      // whoever catches it reports it; the peers report this rank leaving.
+      if (std::uncaught_exceptions() == 0)
+        std::fprintf(stderr, "%s%s\n", std::string_view(e.what()).starts_with("tessera:") ? "" : "tessera: ", e.what());
+    }
   }
 
   // Records the collective (its deadline starts now where the call blocks)
@@ -249,6 +278,7 @@ private:
                   "MPI_Allgather (order check)", sizeof d, dtype::u8);
           });
       if (!bad.empty()) {
+        diverged_ = true;  // every rank saw it: the communicator's end is not checked (end_check)
         ::tessera::detail::fail(bad + " (rank " + std::to_string(rank_) + " of " + std::to_string(size_) + ")");
       }
       if (!blocking) rec.idle(tk);  // the deadline of a request starts when it is waited for
@@ -337,6 +367,7 @@ private:
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
   int channel_ = -1;
+  bool diverged_ = false;  // an order mismatch was reported on this communicator
 };
 
 //! Prints `what` with this process's rank, writes the trace file, and ends

@@ -200,6 +200,7 @@ public:
     }
     ::tessera::detail::fail(std::string(op) + " not started: an earlier collective failed in this process (" + why + ")");
   }
+  [[nodiscard]] bool faulted() const noexcept { return faulted_.load(std::memory_order_relaxed); }
   void set_faulted(const std::string& message) {
     std::lock_guard lock(mu_);
     if (!faulted_.load()) fault_message_ = message;
@@ -338,8 +339,10 @@ public:
         // The file written at a timeout shows what the rank waited in; what
         // follows (the error it causes, a launcher waking a stopped peer so
         // that the collective completes after all) must not replace it.
-        if (timeout_written_) return file();
+        // Nor may a dump another rank asks for (SIGUSR1) replace this rank's own error.
+        if (timeout_written_ || (error_written_ && reason == "signal")) return file();
         timeout_written_ = reason == "timeout";
+        error_written_ = error_written_ || reason == "error" || reason == "terminate";
         out = to_json(reason, message);
       }
       const auto path = file();
@@ -426,7 +429,7 @@ private:
   std::vector<int> peers_;
   std::atomic<bool> faulted_{false};
   std::string fault_message_;
-  bool timeout_written_ = false;
+  bool timeout_written_ = false, error_written_ = false;
 };
 
 //! The process's recorder.

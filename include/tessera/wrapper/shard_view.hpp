@@ -69,6 +69,7 @@ public:
   //! exact_reduction: each unit's fixed-point scale, which checkpoints keep
   //! (empty under float_reduction), and setting them (ignored there).
   [[nodiscard]] std::vector<int> exact_scales() const { return e_->exact_scales(); }
+  [[nodiscard]] std::uint64_t set_param_digest() const noexcept { return e_->set_param_digest(); }
   void set_exact_scales(std::span<const int> s) const { e_->set_exact_scales(s); }
   //! Every rank of the mesh learns whether any failed: the failing ones
   //! rethrow their error, the others throw one naming it (comm::agree_or_throw).

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "tessera/core/checksum.hpp"
 #include "tessera/wrapper/detail/engine_collectives.hpp"
 
 namespace tessera::detail {
@@ -24,7 +25,7 @@ class dp_engine : public engine_collectives<Cfg> {
   // The state lives in the base (engine_collectives.hpp); name it here.
   using base::comm_, base::outer_, base::opt_, base::reg_, base::store_, base::units_, base::deferred_,
       base::slots_, base::gathers_, base::exact_, base::plan_, base::rows_;
-  using base::grads_ready_, base::mb_open_, base::solo_, base::touched_, base::mb_index_, base::mb_count_,
+  using base::grads_ready_, base::mb_open_, base::solo_, base::touched_, base::set_digest_, base::mb_index_, base::mb_count_,
       base::last_gathered_;
   using base::exact, base::acquire_slot, base::slot_grads, base::issue_reduction, base::reduce_exact,
       base::issue_outer, base::complete_all, base::start_gather, base::invalidate_gathered, base::zero_padding,
@@ -112,7 +113,15 @@ public:
     store_[std::size_t(p.unit)].weights_ready.wait();
     invalidate_gathered();
     store_.set_param(std::size_t(p.unit), std::size_t(p.index), full);
+    checksum64 c;  // what was set where, summed in any order (set_param_digest)
+    c.update(&p, sizeof p);
+    c.update(full.data(), full.size_bytes());
+    set_digest_ += c.digest();
   }
+  //! The sum of a digest of every set_param call's parameter and values: the
+  //! optimizer's step compares it across ranks (with its settings), so values
+  //! set on some ranks only, or differing between ranks, fail the next step.
+  [[nodiscard]] std::uint64_t set_param_digest() const noexcept { return set_digest_; }
   //! Sets a parameter from value(i) of its element index, on each rank only
   //! for the elements it keeps (unit_store::init_param).
   template <class F>
@@ -363,11 +372,9 @@ private:
     TESSERA_CHECK(!grads_ready_, "gradient of unit '", L.name(),
                   "' requested after finish_grad_sync; call step() or zero_grad() first");
     TESSERA_CHECK(!units_[u].reduced, "gradient of unit '", L.name(),
-                  "' requested after reduce_grads in the same micro-batch",
-                  mb_count_ == 1
-                      ? std::string()
-                      : std::string("; with several micro-batches, call begin_micro_batch(index, count) before each "
-                                    "one's backward (it was not called since the last micro-batch)"));
+                  "' requested after reduce_grads in the same micro-batch; to accumulate several micro-batches, "
+                  "call begin_micro_batch(index, count) before each one's backward (it was not called since this "
+                  "unit was reduced)");
     if constexpr (strategy::shards_params)
       TESSERA_CHECK(units_[u].holders > 0, "gradient view of unit '", L.name(),
                     "' requested while the unit is released; take it inside gather(unit)");

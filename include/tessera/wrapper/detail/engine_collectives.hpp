@@ -158,7 +158,8 @@ protected:
     }
     const std::size_t n = L.shard_numel();
     const bool fresh = store_[u].shard_fresh;
-    comm::label lbl("reduce_grads", L.name().c_str());
+    const std::string name = reduce_label(L);
+    comm::label lbl("reduce_grads", name.c_str());
     if constexpr (!strategy::shards_optimizer) {
       slots_.issue(s, comm_.iall_reduce(send, send, L.padded_numel(), dtype_of_v<W>, op), landing::all_reduced,
                    store_[u].grad_full.data(), L.padded_numel(), post_scale(), false);
@@ -182,6 +183,15 @@ protected:
     }
   }
 
+  // A reduction's label: its unit, and with several micro-batches which one
+  // of how many ("mb 2/4 layer.3"), so that the order check refuses ranks
+  // that accumulate different counts (under no_shard and optim only the last
+  // micro-batch reduces, and their collectives would match one for one).
+  std::string reduce_label(const unit_layout& L) const {
+    return mb_count_ == 1 ? L.name()
+                          : "mb " + std::to_string(mb_index_ + 1) + "/" + std::to_string(mb_count_) + " " + L.name();
+  }
+
   // exact_reduction (exact_sum.hpp): this micro-batch's gradients of unit u
   // onto the unit's grid. Where gradients accumulate locally (no_shard,
   // optim, one rank) they join the unit's accumulator, whose limbs the last
@@ -190,7 +200,8 @@ protected:
   // the accumulated shard. finish_grad_sync turns the limbs into gradients.
   void reduce_exact(std::size_t u) {
     const auto& L = layout(u);
-    comm::label lbl("reduce_grads", L.name().c_str());
+    const std::string name = reduce_label(L);
+    comm::label lbl("reduce_grads", name.c_str());
     if (exact_alone()) return;
     if (store_.has_full_grads()) {
       exact_.add(u, std::span<const G>(store_.full_grads(u)));
@@ -338,6 +349,7 @@ protected:
   memory_plan plan_;
   bool grads_ready_ = false, mb_open_ = false, solo_ = false;
   bool touched_ = false;  // a micro-batch began or a gradient was written or reduced since zero_grad
+  std::uint64_t set_digest_ = 0;  // engine::set_param_digest
   int mb_index_ = 0, mb_count_ = 1, last_gathered_ = -1;
 };
 

@@ -57,6 +57,16 @@ public:
                   "wrapper_options");
     for (auto& s : specs_) layouts_.emplace_back(s.name, s.tensors, c.size(), alignment, kind, splits);
     const bool same_model = comm::all_same(c, digest(layouts_));
+    if (!same_model) {  // every rank is here: all_same's answer is the same on all
+      std::uint64_t as_set = 0;  // order-independent: the units as a set
+      for (const auto& L : layouts_) as_set += digest({L});
+      std::string order;
+      for (std::size_t u = 0; u < layouts_.size() && u < 8; ++u) order += (u ? ", " : "") + layouts_[u].name();
+      if (layouts_.size() > 8) order += ", ...";
+      TESSERA_CHECK(!comm::all_same(c, as_set), "ranks disagree on the order of the units: rank ", c.rank(),
+                    " registered the same units as the others in another order (here: ", order,
+                    "); register them in one order on every rank (it is the order of their collectives)");
+    }
     TESSERA_CHECK(same_model, "ranks disagree on the model: rank ", c.rank(),
                   " registered a different set of units, parameter names or shapes than another rank (",
                   layouts_.size(), " units, ", num_params(), " elements here)");
