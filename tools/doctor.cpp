@@ -94,6 +94,17 @@ struct verdict {
   std::vector<int> culprits, waiting;
 };
 
+bool ended_with_error(const rank_trace& t) { return t.reason == "error" || t.reason == "terminate"; }
+
+// Rank r's own recorded error as the cause; `after` follows its message (what the others did).
+verdict error_verdict(verdict v, int r, const rank_trace& t, const std::string& after) {
+  v.code = 5;
+  v.kind = "error";
+  v.culprits = {r};
+  v.text = "Rank " + std::to_string(r) + " ended with an error: " + t.message + after;
+  return v;
+}
+
 verdict diagnose(const std::map<int, rank_trace>& traces, int world) {
   verdict v;
   std::vector<int> missing;
@@ -128,14 +139,9 @@ verdict diagnose(const std::map<int, rank_trace>& traces, int world) {
         v.seq = (long long)s;
         v.culprits = left;
         for (int r : left)
-          if (const auto& t = traces.at(r); t.reason == "error" || t.reason == "terminate") {
-            v.code = 5;
-            v.kind = "error";
-            v.culprits = {r};
-            v.text = "Rank " + std::to_string(r) + " ended with an error: " + t.message + ". It left the job (its " +
-                     "communicator ended) while " + others + " on communicator " + std::to_string(c) + ".";
-            return v;
-          }
+          if (ended_with_error(traces.at(r)))
+            return error_verdict(v, r, traces.at(r), ". It left the job (its communicator ended) while " + others +
+                                                         " on communicator " + std::to_string(c) + ".");
         v.code = 3;
         v.kind = "stopped_rank";
         v.text = "A rank left early: " + ranks_text(left) + " ended its communicator " + std::to_string(c) +
@@ -222,16 +228,12 @@ verdict diagnose(const std::map<int, rank_trace>& traces, int world) {
     if (since && stop_us > since) std::snprintf(secs, sizeof secs, " for %.1f s", double(stop_us - since) / 1e6);
     // A rank that recorded an error of its own (before the first timeout) is the cause.
     for (const auto& [r, t] : traces)
-      if ((t.reason == "error" || t.reason == "terminate") && (t.time_us <= cut || cut == std::numeric_limits<std::int64_t>::max())) {
-        v.code = 5;
-        v.kind = "error";
-        v.culprits = {r};
-        v.text = "Rank " + std::to_string(r) + " ended with an error: " + t.message + "." +
-                 (waiting.empty() ? std::string()
-                                  : " " + ranks_text(waiting) + (waiting.size() == 1 ? " was" : " were") + " waiting in " +
-                                        name + " on communicator " + std::to_string(c) + secs + " when the job ended.");
-        return v;
-      }
+      if (ended_with_error(t) && t.time_us <= cut)
+        return error_verdict(v, r, t,
+                             "." + (waiting.empty() ? std::string()
+                                                    : " " + ranks_text(waiting) + (waiting.size() == 1 ? " was" : " were") +
+                                                          " waiting in " + name + " on communicator " + std::to_string(c) +
+                                                          secs + " when the job ended."));
     if (!absent.empty()) {
       v.code = 3;
       v.kind = "stopped_rank";
@@ -267,13 +269,7 @@ verdict diagnose(const std::map<int, rank_trace>& traces, int world) {
 
   // 3. An error on some rank, with nothing in flight.
   for (const auto& [r, t] : traces)
-    if (t.reason == "error" || t.reason == "terminate") {
-      v.code = 5;
-      v.kind = "error";
-      v.culprits = {r};
-      v.text = "Rank " + std::to_string(r) + " ended with an error: " + t.message;
-      return v;
-    }
+    if (ended_with_error(t)) return error_verdict(v, r, t, "");
   v.text = "No collective in flight: every collective the ranks recorded completed";
   if (!missing.empty()) v.text += " (" + ranks_text(missing) + " wrote no trace)";
   v.text += ".";
