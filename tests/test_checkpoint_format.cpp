@@ -5,6 +5,9 @@
 #include "common/mpi_test_main.hpp"
 #include "common/util.hpp"
 
+#include <atomic>
+#include <chrono>
+#include <thread>
 #include <cstring>
 #include <functional>
 #include <filesystem>
@@ -16,8 +19,10 @@
 
 #include "tessera/checkpoint/index.hpp"
 #include "tessera/checkpoint/io.hpp"
+#include "tessera/checkpoint/pipeline.hpp"
 #include "tessera/checkpoint/safetensors.hpp"
 #include "tessera/core/checksum.hpp"
+#include "tessera/core/hash.hpp"
 
 using namespace tessera;
 using namespace tessera::checkpoint;
@@ -190,4 +195,64 @@ BOOST_AUTO_TEST_CASE(index_checksum_covers_every_field) {
     edit(j);
     expect_error([&] { (void)parse_index(j.dump(1), "i"); }, "does not match its checksum");
   }
+}
+
+// The save's writer thread: buffers land in the file in order, past several
+// write-behind windows, and a failed write (a full disk) is the caller's error.
+BOOST_AUTO_TEST_CASE(background_writer_keeps_order_and_reports_a_full_disk) {
+  const auto dir = std::filesystem::temp_directory_path() / ("tessera-writer-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto path = dir / "f.bin";
+  // 3 windows and a bit, in uneven buffers of random bytes; two buffers take turns as in save().
+  const std::size_t total = 3 * out_file::window + 12345, piece = out_file::window / 3 + 7;
+  std::vector<unsigned char> want(total);
+  std::uint64_t x = 0x9e3779b97f4a7c15ull;
+  for (auto& c : want) c = static_cast<unsigned char>((x = splitmix64(x)) >> 56);
+  {
+    out_file f(path.string());
+    background_writer w(f);
+    std::vector<unsigned char> buf[2];
+    std::uint64_t ticket[2] = {0, 0};
+    int b = 0;
+    for (std::size_t at = 0; at < total; at += piece, b ^= 1) {
+      if (ticket[b]) w.wait(ticket[b]);
+      buf[b].assign(want.begin() + std::ptrdiff_t(at), want.begin() + std::ptrdiff_t(std::min(total, at + piece)));
+      ticket[b] = w.write(buf[b].data(), buf[b].size());
+    }
+    w.finish();
+    f.sync_and_close();
+    BOOST_TEST(f.written() == total);
+  }
+  in_file back(path.string());
+  std::vector<unsigned char> got(total);
+  back.read(0, got.data(), total);
+  BOOST_TEST((got == want));
+  std::filesystem::remove_all(dir);
+
+  if (::access("/dev/full", W_OK) == 0) {
+    out_file full("/dev/full");
+    background_writer w(full);
+    const std::uint64_t t = w.write(want.data(), 1 << 20);
+    (void)w.write(want.data(), 1 << 20);  // dropped after the first fails
+    expect_error([&] { w.wait(t); }, "cannot write (disk full?) '/dev/full'");
+    expect_error([&] { w.finish(); }, "disk full");
+  }
+}
+
+// The load's readers: every task runs once; after one fails no new one
+// starts, and its error is the caller's.
+BOOST_AUTO_TEST_CASE(read_tasks_run_once_each_and_stop_at_an_error) {
+  std::vector<std::atomic<int>> runs(1000);
+  run_tasks(runs.size(), 8, [&](std::size_t i) { ++runs[i]; });
+  for (const auto& r : runs) BOOST_TEST(r.load() == 1);
+  std::atomic<int> started{0};
+  expect_error([&] {
+    run_tasks(100000, 4, [&](std::size_t i) {
+      ++started;
+      if (i == 10) tessera::detail::fail("checkpoint: task 10 failed");
+      std::this_thread::sleep_for(std::chrono::microseconds(50));  // all of them: over a second
+    });
+  }, "task 10 failed");
+  BOOST_TEST(started.load() < 100000);
+  run_tasks(0, 8, [](std::size_t) { BOOST_FAIL("no task"); });
 }

@@ -3,7 +3,7 @@
 // happened. Exit code by verdict:
 //   0 nothing in flight (no fault visible), 1 unreadable input,
 //   2 divergent program (ranks issued different collectives as #k),
-//   3 stopped or slow rank (some ranks never issued #k, or issued it and never
+//   3 stopped, slow or dead rank (some ranks never issued #k, or issued it and never
 //     waited for it, while others wait in it),
 //   4 network (every rank issued #k and waited in it, none completed it),
 //   5 a rank ended with an error of its own (recorded before the first
@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <limits>
@@ -102,6 +103,28 @@ verdict error_verdict(verdict v, int r, const rank_trace& t, const std::string& 
   v.kind = "error";
   v.culprits = {r};
   v.text = "Rank " + std::to_string(r) + " ended with an error: " + t.message + after;
+  return v;
+}
+
+// Ranks ended by SIGTERM (the launcher's way of ending a job when a rank dies).
+std::vector<int> ended_by_sigterm(const std::map<int, rank_trace>& traces) {
+  std::vector<int> out;
+  for (const auto& [r, t] : traces)
+    if (t.reason == "signal" && t.message == "SIGTERM") out.push_back(r);
+  return out;
+}
+
+// The silent ranks died: no trace of their own, while the launcher ended the
+// others; `where` says what those others were doing.
+verdict died_verdict(verdict v, const std::vector<int>& silent, const std::vector<int>& ended, const std::string& where) {
+  v.code = 3;
+  v.kind = "died";
+  v.culprits = silent;
+  std::string who = ranks_text(silent);
+  who[0] = char(std::toupper(static_cast<unsigned char>(who[0])));
+  v.text = who + " died (killed, or crashed) without writing a trace, and the launcher then ended " + ranks_text(ended) +
+           " with SIGTERM" + where + ". Look at that rank first: the launcher's message names the signal that ended "
+           "it (9: SIGKILL, the OOM killer among others; 11: a crash), then its last log lines and dmesg.";
   return v;
 }
 
@@ -250,6 +273,9 @@ verdict diagnose(const std::map<int, rank_trace>& traces, int world) {
       std::vector<int> silent;
       for (int r : absent)
         if (!traces.contains(r)) silent.push_back(r);
+      if (const auto ended = ended_by_sigterm(traces); !silent.empty() && !ended.empty() && cut == std::numeric_limits<std::int64_t>::max())
+        return died_verdict(v, silent, ended, ", while " + ranks_text(waiting) + " waited in " + name + " on communicator " +
+                                                  std::to_string(c) + secs);
       if (!silent.empty())
         v.text += " " + ranks_text(silent) + " wrote no trace: stopped (SIGSTOP), killed, or stuck outside the library "
                   "where it could not answer; look at that rank first (its last log lines, dmesg, a debugger).";
@@ -267,9 +293,11 @@ verdict diagnose(const std::map<int, rank_trace>& traces, int world) {
     return v;
   }
 
-  // 3. An error on some rank, with nothing in flight.
+  // 3. An error on some rank, with nothing in flight; or a rank that died.
   for (const auto& [r, t] : traces)
     if (ended_with_error(t)) return error_verdict(v, r, t, "");
+  if (const auto ended = ended_by_sigterm(traces); !missing.empty() && !ended.empty())
+    return died_verdict(v, missing, ended, " (none of them was in a collective)");
   v.text = "No collective in flight: every collective the ranks recorded completed";
   if (!missing.empty()) v.text += " (" + ranks_text(missing) + " wrote no trace)";
   v.text += ".";

@@ -37,5 +37,5 @@ int main(int argc, char** argv) {
 #endif
     }
     return gpt::dispatch<tessera::backend::host, gpt::host_gpt>(o, world, world, *sets);
-  });
+  }, o.timeout);  // MPI start-up under the same deadline as the collectives
 }

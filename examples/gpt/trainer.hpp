@@ -91,13 +91,17 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, const data
 
   long first_step = 0;
   if (!o.load.empty()) {
+    const auto t0 = std::chrono::steady_clock::now();
     const auto got = checkpoint::load(opt, o.load);
+    const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     check_resume_fields(got.extra, got.path.string(), o, N);
     first_step = got.extra["next_step"].template get<long>();
     o.seed = got.extra["seed"].template get<std::uint64_t>();
     if (talk && !o.json)
-      std::printf("tessera-gpt: resumed from %s (step %ld, written by %d rank%s with %s)\n", got.path.c_str(), first_step,
-                  got.world, got.world == 1 ? "" : "s", got.strategy.c_str());
+      std::printf("tessera-gpt: resumed from %s (step %ld, written by %d rank%s with %s) in %.2f s (read and checked "
+                  "%.2f GB in %.2f s, copied in %.2f s)\n", got.path.c_str(), first_step, got.world,
+                  got.world == 1 ? "" : "s", got.strategy.c_str(), load_s, double(got.bytes_read) / 1e9, got.read_seconds,
+                  got.apply_seconds);
     if (first_step >= o.steps && talk)
       std::printf("tessera-gpt: the checkpoint is at step %ld and --steps is %d: nothing to train (--steps is the "
                   "total, counting the steps it resumes past)\n", first_step, o.steps);
@@ -112,8 +116,11 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, const data
     so.extra = {{"next_step", next_step}, {"seed", o.seed}, {"global_sequences", (long long)o.batch * N * o.accum},
                 {"seq", shape.seq}, {"data", o.data}, {"model", "tessera-gpt"}, {"layers", shape.layers},
                 {"heads", shape.heads}, {"d", shape.d}, {"vocab", shape.vocab}, {"max_seq", shape.positions()}};
+    const auto t0 = std::chrono::steady_clock::now();
     const auto dir = checkpoint::save(opt, o.save, next_step, so);
-    if (talk && !o.json) std::printf("tessera-gpt: saved %s\n", dir.c_str());
+    if (talk && !o.json)
+      std::printf("tessera-gpt: saved %s in %.2f s\n", dir.c_str(),
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   };
 
   Net<Wrapper> net(model, ids, shape, o.batch, net_options{.recompute = o.recompute});

@@ -41,5 +41,5 @@ int main(int argc, char** argv) {
     tessera::comm::mpi world(tessera::comm::mpi_options{.timeout_s = o.timeout, .order_check = check_order});
     mlp_lm::agree_on_options(world, o);
     return o.deterministic ? mlp_lm::run_exact(o, world) : mlp_lm::run_backend<tessera::float_reduction>(o, world);
-  });
+  }, o.timeout);  // MPI start-up under the same deadline as the collectives
 }

@@ -129,8 +129,10 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
                   "total, counting the steps it resumes past)\n", first_step, o.steps);
     o.seed = x["seed"].template get<std::uint64_t>();
     if (r == 0 && !o.json)
-      std::printf("tessera-mlp-lm: resumed from %s (step %ld, written by %d rank%s with %s) in %.2f s\n",
-                  got.path.c_str(), first_step, got.world, got.world == 1 ? "" : "s", got.strategy.c_str(), load_s);
+      std::printf("tessera-mlp-lm: resumed from %s (step %ld, written by %d rank%s with %s) in %.2f s (read and "
+                  "checked %.2f GB in %.2f s, copied in %.2f s)\n", got.path.c_str(), first_step, got.world,
+                  got.world == 1 ? "" : "s", got.strategy.c_str(), load_s, double(got.bytes_read) / 1e9, got.read_seconds,
+                  got.apply_seconds);
   }
   const corpus data(o.data, o.seed, o.ctx);
   const auto crash_hook = crash_hook_from_env();

@@ -76,6 +76,11 @@ expect(code == 3 and v.get("verdict") == "stopped_rank" and v.get("culprits") ==
 rc, out, err, dt, d = run("kill", MPI + [trainer] + SMALL, {"TESSERA_TEST_FAULT": "kill:1:3"}, 30)
 expect(rc not in (0, None), "kill: the job must end non-zero")
 expect(dt < 30, f"kill: ended after {dt:.1f} s, want < 30")
+# The launcher ends the others with SIGTERM: each says so and writes its trace,
+# and the doctor names the rank that wrote none as the one that died.
+expect("ended by SIGTERM" in err, "kill: the others say the launcher ended them")
+code, v = doctor_says(d)
+expect(code == 3 and v.get("verdict") == "died" and v.get("culprits") == [1], "kill: the doctor names rank 1 as dead")
 
 # 3. An error on one rank only: every rank ends within seconds, with its message.
 rc, out, err, dt, d = run("error", MPI + [trainer] + SMALL[:-1] + ["60"], {"TESSERA_TEST_FAULT": "error:1:3"}, 20)
@@ -115,6 +120,12 @@ expect(code == 2 and v.get("verdict") == "divergent", "divergent: the doctor rep
 rc, out, err, dt, d = run("leave", MPI + [divergent, "leave"], {"TESSERA_TIMEOUT_S": "60"}, 30)
 expect(rc == 0 and dt < 20, f"leave: every rank ends within seconds, the others naming rank 1 (exit {rc}, {dt:.1f} s)")
 expect(out.count("rank 1 issued end") >= int(np_) - 1, "leave: the others' error names rank 1 leaving")
+
+# A rank stopped before MPI starts: the others' MPI_Init is under the start-up
+# deadline, so the job ends with a tessera: line instead of hanging silently.
+rc, out, err, dt, d = run("startup", MPI + [divergent, "startup"], {"TESSERA_TIMEOUT_S": "5"}, 30)
+expect(rc not in (0, None) and dt < 30, f"startup: the job ends (exit {rc}, {dt:.1f} s, want < 30)")
+expect("MPI start-up (MPI_Init) did not finish within 5 s" in err, "startup: a tessera: line names the start-up deadline")
 
 if failures:
     print(f"{len(failures)} check(s) failed:", *failures, sep="\n  ")

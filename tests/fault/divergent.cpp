@@ -6,7 +6,9 @@
 //   divergent off  without the order check MPI gets mismatched collectives:
 //                  the job ends (an MPI error or the watchdog) with trace files
 //                  in which tessera-doctor finds the first divergent sequence.
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -48,8 +50,20 @@ int leave(int argc, char** argv) {
   return 1;
 }
 
+// divergent startup: rank 1 stops itself (SIGSTOP) before MPI starts; the
+// others wait in MPI_Init until mpi_session's start-up deadline ends them
+// with a tessera: line (TESSERA_TIMEOUT_S, set short by check_faults.py).
+int startup(int argc, char** argv) {
+  const char* r = std::getenv("OMPI_COMM_WORLD_RANK");
+  if (r && std::strcmp(r, "1") == 0) ::raise(SIGSTOP);
+  comm::mpi_session session(&argc, &argv);
+  comm::mpi c;
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "leave") == 0) return leave(argc, argv);
+  if (argc > 1 && std::strcmp(argv[1], "startup") == 0) return startup(argc, argv);
   const bool check = argc > 1 && std::strcmp(argv[1], "on") == 0;
   return comm::mpi_main(argc, argv, [&] {
     comm::mpi c(comm::mpi_options{.order_check = check});

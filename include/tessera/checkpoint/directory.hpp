@@ -80,11 +80,19 @@ namespace tessera::checkpoint {
   return f;
 }
 
-//! Reads byte range br of rank file f (entry `key`) into dst and checks its checksum.
+//! Reads byte range br of rank file f (entry `key`) into dst and checks its
+//! checksum, hashing each chunk as it arrives (while it is still in cache).
 inline void read_checked(const in_file& f, const byte_range& br, void* dst, const std::string& file_name,
                          const std::string& key, const std::string& where) {
-  f.read(br.offset, dst, std::size_t(br.bytes));
-  if (checksum64::of(dst, std::size_t(br.bytes)) != br.checksum)
+  constexpr std::uint64_t chunk = std::uint64_t(16) << 20;
+  auto* p = static_cast<unsigned char*>(dst);
+  checksum64 sum;
+  for (std::uint64_t at = 0; at < br.bytes; at += chunk) {
+    const std::size_t n = std::size_t(std::min(chunk, br.bytes - at));
+    f.read(br.offset + at, p + at, n);
+    sum.update(p + at, n);
+  }
+  if (sum.digest() != br.checksum)
     tessera::detail::fail(where + ": checksum mismatch in file '" + file_name + "', tensor '" + key +
                           "' (the file is damaged)");
 }
@@ -147,16 +155,22 @@ struct rank_reader {
   return {std::move(f), std::move(h), fi.name};
 }
 
-//! State s of piece pi of tensor t into dst: the rank file's header must hold
-//! the piece's key with the tensor's dtype at the byte range the index names,
-//! and the bytes must match their checksum.
-inline void read_piece(const rank_reader& r, const tensor_info& t, const piece_info& pi, std::size_t s, void* dst,
-                       const std::string& where) {
+//! The byte range of state s of piece pi of tensor t, after checking that
+//! the rank file's header holds the piece's key with the tensor's dtype at
+//! the range the index names.
+inline const byte_range& checked_range(const rank_reader& r, const tensor_info& t, const piece_info& pi, std::size_t s,
+                                       const std::string& where) {
   const byte_range& br = pi.ranges.at(s);
   const st_entry* se = r.header.find(pi.keys[s]);
   if (!se || se->dtype != t.dtype || r.header.data_start + se->begin != br.offset || se->end - se->begin != br.bytes)
     tessera::detail::fail(where + ": file '" + r.name + "' does not hold '" + pi.keys[s] + "' where the index says");
-  read_checked(r.file, br, dst, r.name, pi.keys[s], where);
+  return br;
+}
+
+//! State s of piece pi of tensor t into dst, its place in the header and its checksum checked.
+inline void read_piece(const rank_reader& r, const tensor_info& t, const piece_info& pi, std::size_t s, void* dst,
+                       const std::string& where) {
+  read_checked(r.file, checked_range(r, t, pi, s, where), dst, r.name, pi.keys[s], where);
 }
 
 }  // namespace tessera::checkpoint

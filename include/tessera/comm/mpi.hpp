@@ -424,11 +424,12 @@ private:
 //!   int main(int argc, char** argv) {
 //!     return tessera::comm::mpi_main(argc, argv, [&] { ...; return 0; });
 //!   }
+//! startup_timeout_s bounds MPI's start-up (mpi_session; < 0: the default).
 template <class F>
-int mpi_main(int& argc, char**& argv, F&& body) noexcept {
+int mpi_main(int& argc, char**& argv, F&& body, double startup_timeout_s = -1) noexcept {
   std::optional<mpi_session> session;
   try {
-    session.emplace(&argc, &argv);
+    session.emplace(&argc, &argv, startup_timeout_s);
   } catch (const std::exception& e) {
     abort_job(e.what());
   }

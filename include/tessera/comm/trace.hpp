@@ -166,6 +166,7 @@ public:
     process_rank_ = rank;
     process_size_ = size;
   }
+  [[nodiscard]] int process_rank() const noexcept { return process_rank_; }
 
   //! The process ids of the other ranks on this host (comm::mpi learns them
   //! when it duplicates MPI_COMM_WORLD): on a fault this rank asks them, by

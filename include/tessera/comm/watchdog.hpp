@@ -13,6 +13,11 @@
 //! woken). It also writes the trace file on SIGUSR1 (where the program has
 //! no handler of its own), on std::terminate (an uncaught error), and at
 //! exit with TESSERA_TRACE_AT_EXIT=1.
+//!
+//! SIGTERM (where the program has no handler of its own) writes the trace
+//! file before the process ends as SIGTERM would end it: launchers end every
+//! rank with it when one rank dies, and the survivors' files, with none from
+//! the rank that died, let tessera-doctor name that rank.
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -28,7 +33,21 @@ namespace tessera::comm {
 
 namespace detail {
 inline std::atomic<bool> dump_requested{false};
+inline std::atomic<bool> term_requested{false};
 inline void on_sigusr1(int) { dump_requested.store(true, std::memory_order_relaxed); }
+// The watchdog's thread writes the trace and ends the process; a second
+// SIGTERM (that thread is gone or stuck) ends it at once.
+inline void on_sigterm(int) {
+  if (term_requested.exchange(true)) {
+    std::signal(SIGTERM, SIG_DFL);
+    std::raise(SIGTERM);
+  }
+}
+// Installs h for sig unless the program handles or ignores sig itself.
+inline void handle_if_default(int sig, void (*h)(int)) {
+  struct sigaction old{};
+  if (sigaction(sig, nullptr, &old) == 0 && old.sa_handler == SIG_DFL && !(old.sa_flags & SA_SIGINFO)) std::signal(sig, h);
+}
 inline std::terminate_handler previous_terminate = nullptr;
 inline void on_terminate() {
   std::string why = "std::terminate";
@@ -58,6 +77,11 @@ public:
   ~watchdog() {
     stop_.store(true);
     if (thread_.joinable()) thread_.join();
+    // No thread acts on SIGTERM any more: its default comes back (and one
+    // that arrived meanwhile takes effect).
+    struct sigaction now{};
+    if (sigaction(SIGTERM, nullptr, &now) == 0 && now.sa_handler == &detail::on_sigterm) std::signal(SIGTERM, SIG_DFL);
+    if (detail::term_requested.load()) std::raise(SIGTERM);
     // TESSERA_TRACE_AT_EXIT=1: a trace file from every rank that ends
     // normally too, for a job that finished but diverged silently.
     if (const char* e = std::getenv("TESSERA_TRACE_AT_EXIT"); e && std::string_view(e) == "1")
@@ -71,9 +95,8 @@ private:
   watchdog() {
     trace::recorder& rec = trace::global();  // constructed first, so destroyed after this thread is joined
     if (rec.enabled()) {
-      struct sigaction old{};
-      if (sigaction(SIGUSR1, nullptr, &old) == 0 && old.sa_handler == SIG_DFL && !(old.sa_flags & SA_SIGINFO))
-        std::signal(SIGUSR1, &detail::on_sigusr1);
+      detail::handle_if_default(SIGUSR1, &detail::on_sigusr1);
+      detail::handle_if_default(SIGTERM, &detail::on_sigterm);
       detail::previous_terminate = std::set_terminate(&detail::on_terminate);
     }
     thread_ = std::thread([this, &rec] { run(rec); });
@@ -84,6 +107,15 @@ private:
       if (detail::dump_requested.exchange(false)) {
         const auto path = rec.dump("signal", "SIGUSR1");
         if (!path.empty()) std::fprintf(stderr, "tessera: trace written to %s (SIGUSR1)\n", path.c_str());
+      }
+      if (detail::term_requested.load()) {
+        const auto path = rec.dump("signal", "SIGTERM");
+        std::fprintf(stderr, "tessera: rank %d (pid %d) ended by SIGTERM (a launcher ends every rank so when one rank "
+                     "failed or died or the job was cancelled)%s%s\n", rec.process_rank(), int(::getpid()),
+                     path.empty() ? "" : "; trace written to ", path.c_str());
+        std::fflush(stderr);
+        std::signal(SIGTERM, SIG_DFL);
+        std::raise(SIGTERM);  // ends the process as SIGTERM would have
       }
       trace::recorder::fault f = rec.poll();
       if (f.comm < 0) continue;
