@@ -23,8 +23,11 @@ CLASSES = [
     ("cuBLASLt bias-gradient reduction", r"BgradAB"),
     ("fused AdamW (one per unit)", r"adamw"),
     ("global norm (sum of squares / exact passes)", r"sum_squares|max_abs|for_each_max"),
-    ("separate bias adds", r"add_bias|kernels::bias_kernel"),
+    ("separate bias adds", r"add_bias|[:\s]bias_kernel"),
     ("GELU / dGELU element-wise", r"gelu"),
+    # cuDNN's fused attention (tessera-gpt --attention cudnn)
+    ("attention backward (cuDNN: dO.O row dots, the kernel, dQ to bf16)", r"sdpa.*bprop|compute_dot_do_o|convert_dq_to"),
+    ("attention forward (cuDNN)", r"sdpa.*fprop"),
     # tessera-gpt's own kernels
     ("attention backward (flash, and its row dots)", r"flash::(backward_kernel|row_dot)|attention_backward"),
     ("attention forward (flash)", r"flash::forward_kernel|attention_forward"),

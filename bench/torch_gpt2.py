@@ -17,10 +17,18 @@ GPT-2 and trains on random tokens (the speed issue's setting).
 
 Prints one JSON line per step ({"step", "loss", "grad_norm", "lr", "ms",
 "tokens_per_s"}) and a summary ({"summary": true, "tokens_per_s", "peak_bytes"}).
+
+With --fsdp2, under torchrun (one process per GPU): PyTorch FSDP2, the peer of
+tessera-gpt's fsdp2 wrapper at N GPUs: fully_shard on every block and on the
+root (ZeRO-3), bf16 parameters and fp32 gradient reduction under --precision
+bf16 (MixedPrecisionPolicy, in place of autocast), --batch sequences per GPU,
+each rank its own random tokens; tokens/s are per GPU (rank 0 prints).
+  python3 -m torch.distributed.run --nproc-per-node 2 bench/torch_gpt2.py --fsdp2 --model gpt2 --batch 32 --compile
 """
 import argparse
 import json
 import math
+import os
 import time
 
 import numpy as np
@@ -60,6 +68,36 @@ def load_safetensors(path):
     return {k: torch.from_numpy(v.astype(np.float32)) for k, v in w.items()}, meta
 
 
+class Block(torch.nn.Module):
+    """One pre-LN block; a module of its own so that FSDP2 can shard it."""
+
+    def __init__(self, heads, d, attention):
+        super().__init__()
+        self.heads, self.d, self.attention = heads, d, attention
+        P = torch.nn.Parameter
+        self.ln1_w, self.ln1_b, self.ln2_w, self.ln2_b = P(torch.ones(d)), P(torch.zeros(d)), P(torch.ones(d)), P(torch.zeros(d))
+        self.qkv_w, self.qkv_b = P(torch.zeros(3 * d, d)), P(torch.zeros(3 * d))
+        self.proj_w, self.proj_b = P(torch.zeros(d, d)), P(torch.zeros(d))
+        self.fc_w, self.fc_b = P(torch.zeros(4 * d, d)), P(torch.zeros(4 * d))
+        self.fc_proj_w, self.fc_proj_b = P(torch.zeros(d, 4 * d)), P(torch.zeros(d))
+
+    def forward(self, x):
+        B, T, d = x.shape
+        H, b = self.heads, self
+        h = F.layer_norm(x, (d,), b.ln1_w, b.ln1_b, 1e-5)
+        q, k, v = F.linear(h, b.qkv_w, b.qkv_b).split(d, dim=2)
+        q, k, v = (t.view(B, T, H, d // H).transpose(1, 2) for t in (q, k, v))
+        if self.attention == 'sdpa':
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            s = (q @ k.transpose(-2, -1)) / math.sqrt(d // H)
+            s = s.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool, device=x.device), 1), float('-inf'))
+            a = torch.softmax(s.float(), dim=-1).to(v.dtype) @ v
+        x = x + F.linear(a.transpose(1, 2).reshape(B, T, d), b.proj_w, b.proj_b)
+        h = F.layer_norm(x, (d,), b.ln2_w, b.ln2_b, 1e-5)
+        return x + F.linear(F.gelu(F.linear(h, b.fc_w, b.fc_b), approximate='tanh'), b.fc_proj_w, b.fc_proj_b)
+
+
 class GPT(torch.nn.Module):
     def __init__(self, layers, heads, d, vocab, positions, attention):
         super().__init__()
@@ -69,15 +107,7 @@ class GPT(torch.nn.Module):
         self.wte = P(torch.zeros(pv, d))
         self.wpe = P(torch.zeros(positions, d))
         self.lnf_w, self.lnf_b = P(torch.ones(d)), P(torch.zeros(d))
-        self.blocks = torch.nn.ModuleList()
-        for _ in range(layers):
-            b = torch.nn.Module()
-            b.ln1_w, b.ln1_b, b.ln2_w, b.ln2_b = P(torch.ones(d)), P(torch.zeros(d)), P(torch.ones(d)), P(torch.zeros(d))
-            b.qkv_w, b.qkv_b = P(torch.zeros(3 * d, d)), P(torch.zeros(3 * d))
-            b.proj_w, b.proj_b = P(torch.zeros(d, d)), P(torch.zeros(d))
-            b.fc_w, b.fc_b = P(torch.zeros(4 * d, d)), P(torch.zeros(4 * d))
-            b.fc_proj_w, b.fc_proj_b = P(torch.zeros(d, 4 * d)), P(torch.zeros(d))
-            self.blocks.append(b)
+        self.blocks = torch.nn.ModuleList(Block(heads, d, attention) for _ in range(layers))
 
     def names(self):
         """(tessera-gpt's name, parameter) pairs."""
@@ -102,21 +132,10 @@ class GPT(torch.nn.Module):
 
     def forward(self, idx, targets):
         B, T = idx.shape
-        d, H = self.d, self.heads
+        d = self.d
         x = self.wte[idx] + self.wpe[:T]
         for b in self.blocks:
-            h = F.layer_norm(x, (d,), b.ln1_w, b.ln1_b, 1e-5)
-            q, k, v = F.linear(h, b.qkv_w, b.qkv_b).split(d, dim=2)
-            q, k, v = (t.view(B, T, H, d // H).transpose(1, 2) for t in (q, k, v))
-            if self.attention == 'sdpa':
-                a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            else:
-                s = (q @ k.transpose(-2, -1)) / math.sqrt(d // H)
-                s = s.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool, device=idx.device), 1), float('-inf'))
-                a = torch.softmax(s.float(), dim=-1).to(v.dtype) @ v
-            x = x + F.linear(a.transpose(1, 2).reshape(B, T, d), b.proj_w, b.proj_b)
-            h = F.layer_norm(x, (d,), b.ln2_w, b.ln2_b, 1e-5)
-            x = x + F.linear(F.gelu(F.linear(h, b.fc_w, b.fc_b), approximate='tanh'), b.fc_proj_w, b.fc_proj_b)
+            x = b(x)
         x = F.layer_norm(x, (d,), self.lnf_w, self.lnf_b, 1e-5)
         logits = F.linear(x, self.wte[:self.vocab])
         return F.cross_entropy(logits.float().view(-1, self.vocab), targets.reshape(-1), reduction='sum')
@@ -144,7 +163,15 @@ def main():
     ap.add_argument('--precision', choices=['fp32', 'bf16'], default='bf16')
     ap.add_argument('--attention', choices=['math', 'sdpa'], default='sdpa')
     ap.add_argument('--compile', action='store_true')
+    ap.add_argument('--fsdp2', action='store_true', help='PyTorch FSDP2 over the torchrun processes (--batch per GPU)')
     a = ap.parse_args()
+    rank, world = 0, 1
+    if a.fsdp2:
+        torch.cuda.set_device(int(os.environ.get('LOCAL_RANK', 0)))
+        torch.distributed.init_process_group('nccl')
+        rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        if a.weights or a.text:
+            ap.error('--fsdp2 measures speed on random tokens: no --weights or --text')
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     if a.model:
@@ -166,6 +193,15 @@ def main():
     else:
         model.gpt2_init(torch.Generator().manual_seed(a.seed))
     model.to(dev)
+    autocast = a.precision == 'bf16'
+    if a.fsdp2:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if autocast else torch.float32, reduce_dtype=torch.float32)
+        for b in model.blocks:
+            fully_shard(b, mp_policy=mp)
+        fully_shard(model, mp_policy=mp)
+        autocast = False  # the policy casts the parameters
+        torch.manual_seed(1 + rank)
     decay = [p for n, p in model.names() if p.dim() == 2]
     rest = [p for n, p in model.names() if p.dim() != 2]
     opt = torch.optim.AdamW([{'params': decay, 'weight_decay': a.weight_decay}, {'params': rest, 'weight_decay': 0.0}],
@@ -177,7 +213,7 @@ def main():
         toks = torch.from_numpy(np.frombuffer(open(a.text, 'rb').read(), dtype=np.uint8).astype(np.int64))
         windows = len(toks) - T
     else:
-        gen = torch.Generator(device=dev).manual_seed(a.seed)
+        gen = torch.Generator(device=dev).manual_seed(a.seed + rank)  # each rank its own batch
     times = []
     torch.cuda.reset_peak_memory_stats()
     for step in range(a.steps):
@@ -190,11 +226,12 @@ def main():
         loss_sum = torch.zeros((), device=dev)
         for m0 in range(0, G, micro):
             s = seqs[m0:m0 + micro]
-            with torch.autocast('cuda', dtype=torch.bfloat16, enabled=a.precision == 'bf16'):
+            with torch.autocast('cuda', dtype=torch.bfloat16, enabled=autocast):
                 loss = fwd(s[:, :-1], s[:, 1:])
             (loss / (G * T)).backward()
             loss_sum += loss.detach()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip if a.clip > 0 else float('inf'))
+        norm = norm.full_tensor() if hasattr(norm, 'full_tensor') else norm  # FSDP2: a replicated DTensor
         lr = scheduled_lr(step + 1, a.lr, a.min_lr, a.warmup, a.steps)
         for g in opt.param_groups:
             g['lr'] = lr
@@ -204,12 +241,17 @@ def main():
         dt = time.perf_counter() - t0
         if step >= 5:
             times.append(dt)
-        print(json.dumps({'step': step, 'loss': loss_v, 'grad_norm': float(norm), 'lr': lr, 'ms': dt * 1e3,
-                          'tokens_per_s': G * T / dt}), flush=True)
-    tps = G * T * len(times) / sum(times) if times else 0.0
-    print(json.dumps({'summary': True, 'tokens_per_s': tps, 'peak_bytes': torch.cuda.max_memory_allocated(),
-                      'precision': a.precision, 'attention': a.attention, 'compile': a.compile,
-                      'params': sum(p.numel() for p in model.parameters())}), flush=True)
+        if rank == 0:
+            print(json.dumps({'step': step, 'loss': loss_v, 'grad_norm': float(norm), 'lr': lr, 'ms': dt * 1e3,
+                              'tokens_per_s': G * T / dt}), flush=True)
+    tps = G * T * len(times) / sum(times) if times else 0.0  # per GPU under --fsdp2
+    if rank == 0:
+        print(json.dumps({'summary': True, 'tokens_per_s': tps, 'peak_bytes': torch.cuda.max_memory_allocated(),
+                          'precision': a.precision, 'attention': a.attention, 'compile': a.compile,
+                          'fsdp2': a.fsdp2, 'world': world,
+                          'params': sum(p.numel() for p in model.parameters())}), flush=True)  # DTensors: global sizes
+    if a.fsdp2:
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == '__main__':

@@ -12,15 +12,21 @@
 #  - speed: each "model:batch" of $TESSERA_GPT_SIZES (default gpt2:8), bf16,
 #    seq 1024, beside PyTorch eager (SDPA) and, with TESSERA_GPT_COMPILE=1,
 #    torch.compile in the same call (bench/gpt_speed_summary.py prints the
-#    ratios); $TESSERA_GPT_FLAGS adds trainer flags (e.g. --recompute);
+#    ratios); $TESSERA_GPT_FLAGS adds trainer flags (e.g. --recompute), and
+#    $TESSERA_GPT_ALSO runs tessera-gpt again with more (e.g. --attention flash) as a row;
 #  - variants: $TESSERA_GPT_VARIANT (gpt2:32) at one rank under fsdp and fsdp2
 #    (optim_grads_params), fsdp and ddp (no_shard), and --recompute, beside
 #    torch.compile in the same call;
 #  - profile: the last step of $TESSERA_GPT_PROFILE (gpt2:8) under ncu, every
-#    kernel alone, summed by class (bench/ncu_step_summary.py).
+#    kernel alone, summed by class (bench/ncu_step_summary.py);
+#  - learn: GPT-2 124M's shape over bytes trained on $TESSERA_GPT_PROSE/prose-train.txt
+#    (bench/gpu/make_prose.sh makes it, 13 MB) for $TESSERA_GPT_LEARN_STEPS (1200)
+#    steps, the held-out prose-val.txt every 50 steps; the validation loss must
+#    fall well below the text's unigram entropy (bench/plot_gpt_learning.py, a PNG).
 # Text: $TESSERA_GPT_TEXT, a plain-text English file (the machine has no
 # fortunes package: carry one).
-# TESSERA_GPT_PARTS="kernels curves torch hf speed variants profile" picks parts.
+#  - multi: GPT-2 at every GPU of the machine beside PyTorch FSDP2 (issue 39's part; a dry run at one).
+# TESSERA_GPT_PARTS="kernels curves torch hf speed variants profile learn multi" picks parts.
 gpt_text=${TESSERA_GPT_TEXT:-}
 gpt_parts=${TESSERA_GPT_PARTS:-kernels curves torch hf speed}
 if [ -z "$gpt_text" ] || [ ! -f "$gpt_text" ]; then
@@ -52,6 +58,15 @@ else
       fi
       grep -E '^step' "$LOGS/gpt-torch-$prec.log" >>"$OUT/summary.txt"
     done
+    # TESSERA_GPT_ALSO (e.g. "--attention flash"): the bf16 comparison again with those flags, same data.
+    if [ -n "${TESSERA_GPT_ALSO:-}" ]; then
+      if python3 tests/gpt/compare_torch.py "$bin/tessera-gpt" bench/torch_gpt2.py "$gpt_text" bf16 \
+           "${TESSERA_GPT_STEPS:-50}" $TESSERA_GPT_ALSO >"$LOGS/gpt-torch-bf16-also.log" 2>&1; then
+        log "PASS gpt = torch (bf16, $TESSERA_GPT_ALSO): $(tail -1 "$LOGS/gpt-torch-bf16-also.log")"
+      else
+        log "FAIL gpt = torch (bf16, $TESSERA_GPT_ALSO): $(tail -1 "$LOGS/gpt-torch-bf16-also.log")"; status=1
+      fi
+    fi
   fi
   if [[ " $gpt_parts " == *" hf "* ]]; then
     if python3 tests/gpt/check_hf.py "$bin/tessera-gpt" tools/export_hf_gpt2.py "$gpt_text" >"$LOGS/gpt-hf.log" 2>&1; then
@@ -72,6 +87,13 @@ else
       timeout 300 python3 bench/torch_gpt2.py --model $model --precision bf16 --batch $b --seq 1024 --steps 12 \
         >"$OUT/gpt-$model-b$b-torch.json" 2>"$LOGS/gpt-$model-b$b-torch.err" || status=1
       peers="$OUT/gpt-$model-b$b-torch.json"
+      # TESSERA_GPT_ALSO: tessera-gpt once more with these flags (e.g. "--attention flash"), as a peer row.
+      if [ -n "${TESSERA_GPT_ALSO:-}" ]; then
+        timeout 300 "$bin/tessera-gpt" --backend cuda --model $model --precision bf16 --batch $b --steps ${TESSERA_GPT_SPEED_STEPS:-12} \
+          --log-every 1 --json --data "$gpt_text" --text ${TESSERA_GPT_FLAGS:-} $TESSERA_GPT_ALSO \
+          >"$OUT/gpt-$model-b$b-also.json" 2>"$LOGS/gpt-$model-b$b-also.err" || status=1
+        peers="$peers $OUT/gpt-$model-b$b-also.json"
+      fi
       if [ "${TESSERA_GPT_COMPILE:-0}" = 1 ]; then
         timeout 400 python3 bench/torch_gpt2.py --model $model --precision bf16 --batch $b --seq 1024 --steps 30 --compile \
           >"$OUT/gpt-$model-b$b-compile.json" 2>"$LOGS/gpt-$model-b$b-compile.err" || status=1
@@ -97,6 +119,55 @@ else
         2>"$LOGS/gpt-variant-$tag.err" || status=1
       python3 bench/gpt_speed_summary.py "$OUT/gpt-variant-$tag.json" "$OUT/gpt-variants-compile.json" | tee -a "$OUT/summary.txt"
     done
+  fi
+  if [[ " $gpt_parts " == *" multi "* ]]; then
+    # GPT-2 at all of this machine's GPUs (one rank each, NCCL), --batch per GPU: tessera-gpt under
+    # ddp / no_shard, fsdp and fsdp2 / optim_grads_params beside PyTorch FSDP2 with torch.compile
+    # (bench/torch_gpt2.py --fsdp2 under torchrun) in the same call, tokens/s per GPU, and weak
+    # scaling against tessera-gpt on one GPU (issue 39; at one GPU it is the script's dry run).
+    ngpu=$(nvidia-smi -L | grep -c '^GPU')
+    for spec in ${TESSERA_GPT_MULTI_SIZES:-gpt2:32 gpt2-medium:16 gpt2-xl:8}; do
+      model=${spec%%:*} b=${spec##*:}
+      common="--backend cuda --model $model --precision bf16 --batch $b --steps 12 --log-every 1 --json --data $gpt_text --text"
+      log "gpt multi: $model, batch $b per GPU, $ngpu GPU(s)"
+      timeout 300 "$bin/tessera-gpt" $common >"$OUT/gpt-multi-$model-np1.json" 2>"$LOGS/gpt-multi-$model-np1.err" || status=1
+      for v in "ddp no_shard" "fsdp optim_grads_params" "fsdp2 optim_grads_params"; do
+        set -- $v
+        timeout 300 mpirun --bind-to none -np "$ngpu" "$bin/tessera-gpt" $common --wrapper $1 --strategy $2 \
+          >"$OUT/gpt-multi-$model-np$ngpu-$1-$2.json" 2>"$LOGS/gpt-multi-$model-np$ngpu-$1-$2.err" || status=1
+      done
+      # PyTorch FSDP2 eager and with torch.compile (its hooks break the compiled graph per block): the better is the peer.
+      for c in eager compile; do
+        timeout 500 python3 -m torch.distributed.run --nproc-per-node "$ngpu" bench/torch_gpt2.py --fsdp2 \
+          $([ $c = compile ] && echo --compile) --model $model --precision bf16 --batch $b --seq 1024 --steps 30 \
+          >"$OUT/gpt-multi-$model-fsdp2-torch-$c.json" 2>"$LOGS/gpt-multi-$model-fsdp2-torch-$c.err" \
+          || { status=1; tail -5 "$LOGS/gpt-multi-$model-fsdp2-torch-$c.err"; }
+      done
+      for v in ddp-no_shard fsdp-optim_grads_params fsdp2-optim_grads_params; do
+        python3 bench/gpt_speed_summary.py "$OUT/gpt-multi-$model-np$ngpu-$v.json" "$OUT/gpt-multi-$model-fsdp2-torch-eager.json" \
+          "$OUT/gpt-multi-$model-fsdp2-torch-compile.json" "$OUT/gpt-multi-$model-np1.json" | tee -a "$OUT/summary.txt"
+      done
+    done
+  fi
+  if [[ " $gpt_parts " == *" learn "* ]]; then
+    prose=${TESSERA_GPT_PROSE:-}
+    if [ ! -f "$prose/prose-train.txt" ] || [ ! -f "$prose/prose-val.txt" ]; then
+      log "FAIL gpt learn: TESSERA_GPT_PROSE names no folder with prose-train.txt and prose-val.txt"; status=1
+    else
+      n=${TESSERA_GPT_LEARN_STEPS:-1200}
+      log "gpt learn: 124M's shape over bytes, $n steps of 16 x 1024, validation every 50"
+      timeout 500 "$bin/tessera-gpt" --backend cuda --model gpt2 --vocab 256 --precision bf16 --batch 16 --steps $n \
+        --warmup 50 --lr 6e-4 --min-lr 6e-5 --log-every 10 --val-every 50 --val-batches 8 --json --text \
+        --data "$prose/prose-train.txt" --val-data "$prose/prose-val.txt" --sample 300 \
+        >"$OUT/gpt-learn.json" 2>"$LOGS/gpt-learn.err" || status=1
+      if python3 bench/plot_gpt_learning.py "$OUT/gpt-learn.json" "$prose/prose-train.txt" "$OUT/gpt-learn.png" \
+           >"$LOGS/gpt-learn.txt" 2>&1; then
+        log "PASS gpt learns: $(tail -1 "$LOGS/gpt-learn.txt")"
+      else
+        log "FAIL gpt learns: $(tail -3 "$LOGS/gpt-learn.txt")"; status=1
+      fi
+      grep -E '^sample' "$OUT/gpt-learn.json" | tee -a "$OUT/summary.txt" || true
+    fi
   fi
   if [[ " $gpt_parts " == *" profile "* ]]; then
     # One step of tessera-gpt (the last, an NVTX range) under Nsight Compute, every kernel timed alone.

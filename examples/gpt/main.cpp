@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
       throw tessera::error("this build of tessera-gpt has no CUDA backend (configure with CUDA and NCCL)");
 #endif
     }
+    if (o.deterministic) return gpt::run_exact_host(o, world, *sets);  // exact.cpp
     return gpt::dispatch<tessera::backend::host, gpt::host_gpt>(o, world, world, *sets);
   }, o.timeout);  // MPI start-up under the same deadline as the collectives
 }

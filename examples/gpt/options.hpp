@@ -26,10 +26,15 @@ struct options {
   double lr = 6e-4, min_lr = 0, clip = 1.0, weight_decay = 0.1;
   double timeout = -1;  // seconds; < 0: the library's default
   std::string order_check = "auto";
+  std::string attention = "auto";  // the CUDA net's, in bf16: auto, cudnn, flash, exact
+  std::string shard_group, outer = "no_shard";  // mesh: "" = flat world, "node", or S ranks per shard group
   std::uint64_t seed = 1;
   std::string data, val_data, save, load, dump_weights;
   int save_every = 0, keep = 0;
   bool json = false, recompute = false, text = false;
+  // --deterministic: exact_reduction; --accum then counts the global batch's
+  // micro-batches of --batch sequences, rank r running r, r + N, ...
+  bool deterministic = false;
 };
 
 //! Parses argv into o. Returns -1 to continue, else the exit code (0 after --help).
@@ -41,6 +46,11 @@ inline int parse(int argc, char** argv, options& o) {
                                          "through host memory where ranks share a GPU)")
       ->check(CLI::IsMember({"host", "cuda"}));
   trainer_kit::add_parallel_options(app, o.wrapper, o.strategy, o.precision);
+  trainer_kit::add_mesh_options(app, o.shard_group, o.outer);
+  app.add_flag("--deterministic", o.deterministic,
+               "the same bits at any world size, strategy, wrapper and mesh: exact (fixed-point) gradient and norm "
+               "sums, and fixed micro-batches (--accum then counts the global batch's micro-batches of --batch "
+               "sequences; the world size must divide it). Host backend only");
   app.add_option("--model", o.model, "gpt2 (124M), gpt2-medium (350M), gpt2-large (774M) or gpt2-xl (1.5B); "
                                      "vocabulary 50257, context 1024 unless --vocab / --seq say otherwise")
       ->check(CLI::IsMember({"gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"}));
@@ -52,7 +62,7 @@ inline int parse(int argc, char** argv, options& o) {
   app.add_option("--vocab", o.shape.vocab, "vocabulary size (padded to a multiple of 128 in the token table)")
       ->check(CLI::Range(2, 65536));
   app.add_option("--batch", o.batch, "sequences per micro-batch per rank")->check(CLI::Range(1, 1 << 20));
-  app.add_option("--accum", o.accum, "micro-batches per step")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--accum", o.accum, "micro-batches per step and rank (--deterministic: over all ranks)")->check(CLI::Range(1, 1 << 20));
   app.add_option("--steps", o.steps, "optimizer steps (the total, counting steps a --load resumes past)")
       ->check(CLI::Range(0, 1 << 30));
   app.add_option("--lr", o.lr, "AdamW peak learning rate")->check(CLI::PositiveNumber);
@@ -70,6 +80,10 @@ inline int parse(int argc, char** argv, options& o) {
   app.add_option("--val-every", o.val_every, "evaluate on --val-data every N steps (and after the last)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--val-batches", o.val_batches, "global batches of the fixed validation set")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--attention", o.attention,
+                 "--backend cuda: auto (cuDNN's fused attention where this build has cuDNN and it runs the shape, "
+                 "else flash), cudnn, flash (ours, bf16 tensor cores) or exact (ours, fp32 arithmetic)")
+      ->check(CLI::IsMember({"auto", "cudnn", "flash", "exact"}));
   app.add_flag("--recompute", o.recompute, "keep each block's input only; recompute the block in backward (less memory)");
   app.add_option("--log-every", o.log_every, "log every N steps")->check(CLI::Range(1, 1 << 30));
   app.add_option("--save", o.save, "write a checkpoint under this directory at the end (and every --save-every steps)");
@@ -117,6 +131,14 @@ inline int parse(int argc, char** argv, options& o) {
   if (app.count("--save") && o.save.empty()) return bad("--save needs a path");
   if (o.save_every > 0 && o.save.empty()) return bad("--save-every needs --save DIR");
   if (o.val_every > 0 && o.val_data.empty()) return bad("--val-every needs --val-data");
+  if (const std::string e = trainer_kit::mesh_options_error(o.shard_group, o.outer, o.wrapper, o.strategy); !e.empty())
+    return bad(e);
+  // The CUDA kernels add some gradients with atomics (LayerNorm's weights, the
+  // embeddings, flash attention's dQ), in an order that differs run to run.
+  if (o.attention != "auto" && o.backend != "cuda") return bad("--attention chooses the CUDA net's kernels; give --backend cuda");
+  if (o.deterministic && o.backend == "cuda")
+    return bad("--deterministic runs on --backend host only: tessera-gpt's CUDA kernels add LayerNorm, embedding "
+               "and attention gradients with atomics, so GPU runs are not bit-reproducible (yet)");
   if (!tessera::wrapper_supports(o.wrapper, o.strategy))
     return bad(o.wrapper == "ddp" ? "--wrapper ddp cannot shard parameters; use --wrapper fsdp or fsdp2 for optim_grads_params"
                                    : "--wrapper fsdp2 runs optim_grads_params only; use --wrapper fsdp or ddp for " + o.strategy);
@@ -135,6 +157,8 @@ inline std::string describe(const options& o) {
   put("recompute", o.recompute), put("log-every", o.log_every), put("save", o.save), put("save-every", o.save_every);
   put("keep", o.keep), put("load", o.load), put("dump-weights", o.dump_weights), put("sample", o.sample);
   put("json", o.json), put("timeout", o.timeout), put("order-check", o.order_check);
+  put("shard-group", o.shard_group), put("outer", o.outer), put("deterministic", o.deterministic);
+  put("attention", o.attention);
   return put.text;
 }
 

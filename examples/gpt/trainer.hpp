@@ -19,6 +19,7 @@
 #include "tessera/checkpoint/checkpoint.hpp"
 #include "tessera/tessera.hpp"
 #include "trainer_kit/configs.hpp"
+#include "trainer_kit/mesh.hpp"
 #include "trainer_kit/run.hpp"
 
 namespace gpt {
@@ -33,7 +34,7 @@ inline double scheduled_lr(long t, double lr, double min_lr, int warmup, int ste
 }
 
 //! The checkpoint fields that say where the data stream is and what made it.
-inline void check_resume_fields(const nlohmann::json& x, const std::string& path, const options& o, int world) {
+inline void check_resume_fields(const nlohmann::json& x, const std::string& path, const options& o, long long mine) {
   auto integer = [&](const char* k, long long lo, long long hi) {
     if (!x.contains(k) || !x[k].is_number_integer() || x[k].get<long long>() < lo || x[k].get<long long>() > hi)
       throw tessera::error("checkpoint '" + path + "': field '" + k + "' is missing or not an integer in [" +
@@ -44,12 +45,19 @@ inline void check_resume_fields(const nlohmann::json& x, const std::string& path
   const long long global = integer("global_sequences", 1, 1LL << 40), seq = integer("seq", 1, 1 << 16);
   if (!x.contains("seed") || !x["seed"].is_number_unsigned())
     throw tessera::error("checkpoint '" + path + "': field 'seed' is missing or not a non-negative integer");
-  const long long mine = (long long)o.batch * world * o.accum;
   if (global != mine || seq != o.shape.seq)
     throw tessera::error("checkpoint '" + path + "' was trained on global batches of " + std::to_string(global) +
                          " sequences of " + std::to_string(seq) + " tokens; this run has " + std::to_string(mine) +
                          " of " + std::to_string(o.shape.seq) + " (--batch x ranks x --accum, --seq): resume with the "
                          "same to continue its data stream");
+  // A deterministic run's bits depend on its micro-batch; it continues only
+  // deterministically, from a deterministic checkpoint of the same micro-batch.
+  const long long micro = x.contains("deterministic_batch") && x["deterministic_batch"].is_number_integer()
+                              ? x["deterministic_batch"].get<long long>() : 0;
+  if (micro != (o.deterministic ? o.batch : 0))
+    throw tessera::error("checkpoint '" + path + "' was written " +
+                         (micro ? "with --deterministic --batch " + std::to_string(micro) : std::string("without --deterministic")) +
+                         "; resume it the same way (a run is deterministic from its first step or not at all)");
 }
 
 //! The run's training data and its validation data (nullptr: none), read
@@ -59,10 +67,11 @@ struct datasets {
   std::optional<corpus> val;
 };
 
-//! Trains over `comm` (the wrapper's communicator); `world` (MPI) carries the
-//! logged losses and the agreement checks.
+//! Trains over `comm` (the wrapper's communicator), or over the mesh m when
+//! given (comm is then its shard group); `world` (MPI) carries the logged
+//! losses and the agreement checks.
 template <class Cfg, template <class> class Net, class Comm>
-int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, const datasets& sets) {
+int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::comm::mesh<Comm>* m, const datasets& sets) {
   using namespace tessera;
   using Wrapper = data_parallel_t<Cfg>;
   using B = typename Cfg::backend_type;
@@ -73,11 +82,16 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, const data
   // there fails now, not after the two have mixed their checkpoints.
   const auto claim = o.save.empty() ? checkpoint::root_claim{} : checkpoint::claim_root(world, o.save);
   const bool talk = r == 0;
+  // --deterministic: --accum global micro-batches, rank r running r, r + N, ...
+  TESSERA_CHECK(!o.deterministic || o.accum % N == 0, "--deterministic: ", o.accum, " micro-batches (--accum) do not "
+                "split evenly over ", N, " ranks; choose a world size that divides ", o.accum);
+  const int count = o.deterministic ? o.accum / N : o.accum;  // micro-batches this rank runs per step
 
   memory_of<B>().reset_peak();
   // Three gather buffers: the embed unit, held for the whole micro-batch,
   // and two for the blocks (one in use, one prefetching).
-  Wrapper model(comm, wrapper_options{.gather_buffers = 3});
+  std::optional<Wrapper> holder;
+  Wrapper& model = trainer_kit::emplace_wrapper(holder, comm, m, wrapper_options{.gather_buffers = 3});
   const model_ids ids = register_model(model, shape);
   model.finalize();
   const auto t_init = std::chrono::steady_clock::now();
@@ -94,7 +108,7 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, const data
     const auto t0 = std::chrono::steady_clock::now();
     const auto got = checkpoint::load(opt, o.load);
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    check_resume_fields(got.extra, got.path.string(), o, N);
+    check_resume_fields(got.extra, got.path.string(), o, (long long)o.batch * N * count);
     first_step = got.extra["next_step"].template get<long>();
     o.seed = got.extra["seed"].template get<std::uint64_t>();
     if (talk && !o.json)
@@ -113,9 +127,10 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, const data
     checkpoint::save_options so;
     so.keep = o.keep;
     so.at_point = crash_hook;
-    so.extra = {{"next_step", next_step}, {"seed", o.seed}, {"global_sequences", (long long)o.batch * N * o.accum},
+    so.extra = {{"next_step", next_step}, {"seed", o.seed}, {"global_sequences", (long long)o.batch * N * count},
                 {"seq", shape.seq}, {"data", o.data}, {"model", "tessera-gpt"}, {"layers", shape.layers},
                 {"heads", shape.heads}, {"d", shape.d}, {"vocab", shape.vocab}, {"max_seq", shape.positions()}};
+    if (o.deterministic) so.extra["deterministic_batch"] = o.batch;
     const auto t0 = std::chrono::steady_clock::now();
     const auto dir = checkpoint::save(opt, o.save, next_step, so);
     if (talk && !o.json)
@@ -123,37 +138,68 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, const data
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   };
 
-  Net<Wrapper> net(model, ids, shape, o.batch, net_options{.recompute = o.recompute});
+  Net<Wrapper> net(model, ids, shape, o.batch, net_options{.recompute = o.recompute, .attention = o.attention});
   const std::size_t row = std::size_t(shape.seq) + 1;
   std::vector<std::uint16_t> seqs(std::size_t(o.batch) * row);
-  const double global_tokens = double(o.batch) * N * o.accum * shape.seq;
-  // Rank r's sequences of micro-batch k: global indices (k N + r) batch + j.
+  const double global_tokens = double(o.batch) * N * count * shape.seq;
+  // Rank r's sequences of micro-batch k: global indices (k N + r) batch + j
+  // (so under --deterministic global micro-batch k N + r holds the same
+  // sequences at any N).
   auto sample = [&](long step, int k) {
     for (int j = 0; j < o.batch; ++j)
       data.sequence(o.seed, step, std::uint64_t((long(k) * N + r) * o.batch + j), seqs.data() + std::size_t(j) * row);
   };
-  // The fixed validation set: val_batches global batches, each rank its part.
+  // --deterministic: each global micro-batch's loss, summed in their order
+  // (a sum over ranks would group by N). One rank holds each entry and the
+  // others 0, so the sum over ranks is exact.
+  auto in_order = [&](std::vector<double>& per_micro) {
+    comm::all_reduce(world, std::span<double>(per_micro), comm::reduce_op::sum);
+    double sum = 0;
+    for (double v : per_micro) sum += v;
+    std::fill(per_micro.begin(), per_micro.end(), 0.0);
+    return sum;
+  };
+  std::vector<double> micro_loss(o.deterministic ? std::size_t(o.accum) : 0);
+  // The fixed validation set: val_batches global batches (--deterministic:
+  // of this run's global batch; else of N x --batch sequences), each rank
+  // its micro-batches k N + r.
+  const int val_count = o.deterministic ? o.val_batches * count : o.val_batches;
+  std::vector<double> val_micro(o.deterministic ? std::size_t(val_count) * N : 0);
   auto evaluate = [&] {
     double loss = 0;
-    for (int b = 0; b < o.val_batches; ++b) {
+    for (int k = 0; k < val_count; ++k) {
       for (int j = 0; j < o.batch; ++j)
-        val->eval_sequence(std::uint64_t((long(b) * N + r) * o.batch + j), seqs.data() + std::size_t(j) * row);
-      loss += net.forward_loss(seqs.data(), o.batch);
+        val->eval_sequence(std::uint64_t((long(k) * N + r) * o.batch + j), seqs.data() + std::size_t(j) * row);
+      const double l = net.forward_loss(seqs.data(), o.batch);
+      if (o.deterministic) val_micro[std::size_t(k) * N + r] = l;
+      else loss += l;
     }
-    comm::all_reduce(world, std::span<double>(&loss, 1), comm::reduce_op::sum);
-    return loss / (double(o.val_batches) * N * o.batch * shape.seq);
+    if (o.deterministic) loss = in_order(val_micro);
+    else comm::all_reduce(world, std::span<double>(&loss, 1), comm::reduce_op::sum);
+    return loss / (double(val_count) * N * o.batch * shape.seq);
   };
 
-  const std::size_t est = model.planned().total() + opt.state_bytes() +
-                          Net<Wrapper>::workspace_bytes(shape, o.batch, net_options{.recompute = o.recompute});
+  // The busiest rank's (shards of sizes that do not divide differ by rank): what tessera-plan memory reports.
+  std::size_t est = model.planned().total() + opt.state_bytes() +
+                          Net<Wrapper>::workspace_bytes(shape, o.batch, net_options{.recompute = o.recompute, .attention = o.attention}) +
+                          Net<Wrapper>::blas_workspace_bytes() + net.runtime_workspace_bytes();
+  {
+    auto busiest = std::int64_t(est);
+    comm::all_reduce(world, std::span<std::int64_t>(&busiest, 1), comm::reduce_op::max);
+    est = std::size_t(busiest);
+  }
   if (talk && !o.json)
-    std::printf("tessera-gpt: backend %s, %s / %s / %s, %d rank%s, %zu parameters (%d layers, %d heads, d %d, seq %d, "
+    std::printf("tessera-gpt: backend %s, %s / %s / %s%s, %d rank%s%s, %zu parameters (%d layers, %d heads, d %d, seq %d, "
                 "vocab %d padded to %d), %.0f tokens per step, data %zu file%s of %zu tokens, weights initialised in "
-                "%.2f s, attention %s, estimated memory %s MiB per rank\n",
+                "%.2f s, attention %s, estimated memory %s MiB on the busiest rank\n",
                 Net<Wrapper>::backend_name, std::string(Cfg::wrapper::name).c_str(), std::string(Cfg::strategy::name).c_str(),
-                o.precision.c_str(), N, N == 1 ? "" : "s", shape.params(), shape.layers, shape.heads, shape.d, shape.seq,
+                o.precision.c_str(), o.deterministic ? " (deterministic)" : "", N, N == 1 ? "" : "s",
+                m ? (" (mesh " + std::to_string(model.replicas()) + " x " + std::to_string(model.world()) + ", outer " +
+                     std::string(Cfg::outer_type::name) + ")").c_str()
+                  : "",
+                shape.params(), shape.layers, shape.heads, shape.d, shape.seq,
                 shape.vocab, shape.padded_vocab(), global_tokens, data.files(), data.files() == 1 ? "" : "s",
-                data.tokens(), init_s, net.attention_name(), trainer_kit::mib(est).c_str());
+                data.tokens(), init_s, std::string(net.attention_name()).c_str(), trainer_kit::mib(est).c_str());
 
   using clock = std::chrono::steady_clock;
   double final_loss = 0, val_loss = -1, total_s = 0;
@@ -164,16 +210,25 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, const data
     // The last step is a profiler range where the net has one (CUDA: NVTX "tessera-step").
     const bool marked = step + 1 == o.steps;
     if constexpr (requires { net.begin_range(); }) if (marked) net.begin_range();
-    for (int k = 0; k < o.accum; ++k) {
-      model.begin_micro_batch(k, o.accum);
+    for (int k = 0; k < count; ++k) {
+      model.begin_micro_batch(k, count);
       sample(step, k);
       net.forward_backward(seqs.data(), o.batch, global_tokens);
+      if (o.deterministic) {  // each micro-batch's loss on its own
+        net.finish_loss();
+        micro_loss[std::size_t(k) * N + r] = net.take_loss();
+      }
     }
-    net.finish_loss();
+    if (!o.deterministic) net.finish_loss();
     const step_result res = opt.step().get();
     if constexpr (requires { net.end_range(); }) if (marked) net.end_range();
-    double loss = net.take_loss();
-    comm::all_reduce(world, std::span<double>(&loss, 1), comm::reduce_op::sum);
+    double loss = 0;
+    if (o.deterministic) {
+      loss = in_order(micro_loss);
+    } else {
+      loss = net.take_loss();
+      comm::all_reduce(world, std::span<double>(&loss, 1), comm::reduce_op::sum);
+    }
     loss /= global_tokens;
     const double s = std::chrono::duration<double>(clock::now() - t0).count();
     if (step > first_step || o.steps == first_step + 1) total_s += s, ++timed;
@@ -195,8 +250,10 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, const data
                     res.skipped ? "  (skipped)" : "");
       }
       std::fflush(stdout);
-    } else if (talk && validate && !o.json) {
-      std::printf("step %5ld  val loss %.4f\n", step, val_loss);
+    } else if (talk && validate) {  // a validation between logged steps still gets its line
+      if (o.json) std::printf("%s\n", nlohmann::json{{"step", step}, {"val_loss", val_loss}}.dump().c_str());
+      else std::printf("step %5ld  val loss %.4f\n", step, val_loss);
+      std::fflush(stdout);
     }
     if (!o.save.empty() && o.save_every > 0 && (step + 1) % o.save_every == 0) save(last_saved = step + 1);
   }
@@ -257,7 +314,8 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, const data
                      {"strategy", Cfg::strategy::name}, {"wrapper", Cfg::wrapper::name}, {"precision", o.precision},
                      {"backend", Net<Wrapper>::backend_name}, {"steps", o.steps}, {"tokens_per_s", tps},
                      {"tflops", shape.flops_per_token() * tps / 1e12}, {"peak_bytes", peak}, {"estimated_bytes", est},
-                     {"init_s", init_s}, {"attention", net.attention_name()},
+                     {"init_s", init_s}, {"attention", net.attention_name()}, {"deterministic", o.deterministic},
+                     {"shard_group", model.world()}, {"replicas", model.replicas()}, {"outer", Cfg::outer_type::name},
                      {"products", net.products_used()}};
     if (val_loss >= 0) j["val_loss"] = val_loss;
     if (o.json) std::printf("%s\n", j.dump().c_str());
@@ -270,18 +328,27 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, const data
   return 0;
 }
 
-//! train<Cfg> for the precision, wrapper and strategy named in o.
-template <class B, template <class> class Net, class Comm>
+//! train<Cfg> for the precision, wrapper, strategy and mesh named in o, with
+//! reduction policy R (exact_reduction under --deterministic).
+template <class B, template <class> class Net, class R = tessera::float_reduction, class Comm>
 int dispatch(const options& o, tessera::comm::mpi& world, Comm& comm, const datasets& sets) {
   using namespace tessera;
-  auto run = [&]<class Cfg>() { return train<Cfg, Net>(o, world, comm, sets); };
+  auto run = [&]<class Cfg>() {
+    return trainer_kit::on_world_or_mesh(o.shard_group, world, comm, [&](Comm& c, comm::mesh<Comm>* m) {
+      return train<Cfg, Net>(o, world, c, m, sets);
+    });
+  };
   const auto rc = o.precision == "bf16"
-                      ? trainer_kit::with_config<mixed_precision<bf16, float>, B>(o.wrapper, o.strategy, "no_shard", run)
-                      : trainer_kit::with_config<full_precision<float>, B>(o.wrapper, o.strategy, "no_shard", run);
+                      ? trainer_kit::with_config<mixed_precision<bf16, float>, B, R>(o.wrapper, o.strategy, o.outer, run)
+                      : trainer_kit::with_config<full_precision<float>, B, R>(o.wrapper, o.strategy, o.outer, run);
   if (rc) return *rc;
   std::fprintf(stderr, "tessera: no compiled instantiation for --wrapper %s --strategy %s\n", o.wrapper.c_str(),
                o.strategy.c_str());
   return 2;
 }
+
+//! dispatch<backend::host, host_gpt, exact_reduction> (exact.cpp: its own
+//! translation unit, compiled in parallel with main's).
+int run_exact_host(const options& o, tessera::comm::mpi& world, const datasets& sets);
 
 }  // namespace gpt

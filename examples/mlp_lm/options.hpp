@@ -97,13 +97,7 @@ inline int parse(int argc, char** argv, options& o) {
                  "CUDA context and NCCL; none on the host backend)")
       ->check(CLI::Range(0.0, 1e6));
   trainer_kit::add_parallel_options(app, o.wrapper, o.strategy, o.precision);
-  app.add_option("--shard-group", o.shard_group,
-                 "hybrid sharding: ranks per shard group of a mesh (the world = R replica groups x S), or 'node' for "
-                 "one node's ranks; the strategy runs inside a group (default: the whole world, flat)");
-  app.add_option("--outer", o.outer,
-                 "across the replica groups of --shard-group: no_shard (HSDP: gradients all-reduced) or optim "
-                 "(HFSDP: the optimizer split again; --wrapper fsdp --strategy optim_grads_params)")
-      ->check(CLI::IsMember({"no_shard", "optim"}));
+  trainer_kit::add_mesh_options(app, o.shard_group, o.outer);
   app.add_option("--layers", o.layers, "residual MLP blocks")->check(CLI::Range(0, 1 << 12));
   app.add_option("--d", o.d, "model width (a multiple of --ctx)")->check(CLI::Range(1, 1 << 16));
   app.add_option("--ctx", o.ctx, "previous bytes the model sees")->check(CLI::Range(1, 1 << 12));
@@ -174,15 +168,8 @@ inline int parse(int argc, char** argv, options& o) {
   } else if (app.count("--topology") || app.count("--gpu-memory")) {
     return bad("--topology and --gpu-memory apply to --plan auto only");
   }
-  if (!o.shard_group.empty() && o.shard_group != "node") {
-    int S = 0;
-    const auto [end, ec] = std::from_chars(o.shard_group.data(), o.shard_group.data() + o.shard_group.size(), S);
-    if (ec != std::errc{} || end != o.shard_group.data() + o.shard_group.size() || S < 1)
-      return bad("--shard-group " + o.shard_group + " is not a positive number of ranks or 'node'");
-  }
-  if (o.outer == "optim" && o.shard_group.empty()) return bad("--outer optim needs a mesh (--shard-group S)");
-  if (o.outer == "optim" && !(o.wrapper == "fsdp" && o.strategy == "optim_grads_params"))
-    return bad("--outer optim (HFSDP) is compiled for --wrapper fsdp --strategy optim_grads_params only");
+  if (const std::string e = trainer_kit::mesh_options_error(o.shard_group, o.outer, o.wrapper, o.strategy); !e.empty())
+    return bad(e);
   if (!tessera::wrapper_supports(o.wrapper, o.strategy))
     return bad(o.wrapper == "ddp" ? "--wrapper ddp cannot shard parameters; use --wrapper fsdp or fsdp2 for optim_grads_params"
                                    : "--wrapper fsdp2 runs optim_grads_params only; use --wrapper fsdp or ddp for " + o.strategy);

@@ -24,6 +24,7 @@
 #include "mlp_lm/data.hpp"
 #include "mlp_lm/model.hpp"
 #include "options.hpp"
+#include "trainer_kit/mesh.hpp"
 #include "trainer_kit/run.hpp"
 #include "tessera/checkpoint/checkpoint.hpp"
 #include "tessera/checkpoint/consolidate.hpp"
@@ -73,9 +74,7 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
   memory_of<host_resident>().reset_peak();
   const wrapper_options wo{.lend_grad_shards = o.lend_grad_shards, .offload_optimizer = o.offload};
   std::optional<Wrapper> holder;
-  if (m) holder.emplace(*m, wo);
-  else holder.emplace(comm, wo);
-  Wrapper& model = *holder;
+  Wrapper& model = trainer_kit::emplace_wrapper(holder, comm, m, wo);
   const int replicas = model.replicas(), group = model.world();
   const model_ids ids = register_model(model, shape);
   model.finalize();
@@ -383,10 +382,9 @@ int dispatch_strategy(const options& o, tessera::comm::mpi& world, Comm& comm, c
                       std::size_t blas_workspace = 0) {
   using namespace tessera;
   auto run = [&]<class Cfg>() {
-    if (o.shard_group.empty()) return train<Cfg, Net<data_parallel_t<Cfg>>>(o, world, comm, static_cast<comm::mesh<Comm>*>(nullptr), usage,
-                                                                           blas_workspace);
-    auto m = comm::make_mesh(comm, o.shard_group == "node" ? comm::node_size(world) : std::stoi(o.shard_group));
-    return train<Cfg, Net<data_parallel_t<Cfg>>>(o, world, m.shard, &m, usage, blas_workspace);
+    return trainer_kit::on_world_or_mesh(o.shard_group, world, comm, [&](Comm& c, comm::mesh<Comm>* m) {
+      return train<Cfg, Net<data_parallel_t<Cfg>>>(o, world, c, m, usage, blas_workspace);
+    });
   };
   // HFSDP is compiled for fsdp / optim_grads_params only (options.hpp checks).
   if (const auto rc = with_config<P, B, R>(o.wrapper, o.strategy, o.outer, run)) return *rc;

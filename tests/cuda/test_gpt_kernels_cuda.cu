@@ -12,9 +12,11 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gpt/cuda_flash.cuh"
+#include "gpt/cudnn_attention.hpp"
 #include "gpt/cuda_kernels.cuh"
 #include "gpt/cuda_layernorm.cuh"
 #include "tessera/tessera.hpp"
@@ -159,6 +161,54 @@ BOOST_AUTO_TEST_CASE(flash_attention_reads_bf16_inputs) {
   BOOST_REQUIRE(gpt::flash::supported());
   // What the bf16 trainer runs: q, k, v and dy kept in bf16 (bf16-exact here, so the same tolerance).
   check_attention<bf16, bf16>(true, 1e-2);
+}
+
+// cuDNN's fused attention (the trainer's default where the build has cuDNN):
+// bf16 in and out, softmax statistics (B, H, T) against the reference's lse.
+BOOST_AUTO_TEST_CASE(cudnn_attention_matches_float64_within_bf16) {
+  if (!gpt::cudnn_attention::compiled()) {
+    std::printf("attention cudnn: not in this build (%s)\n", gpt::cudnn_attention::version().c_str());
+    return;
+  }
+  std::mt19937 g(43);
+  constexpr int hd = 64;
+  std::printf("attention cudnn: %s\n", gpt::cudnn_attention::version().c_str());
+  for (const auto& k : cases) {
+    const std::size_t d = std::size_t(k.H) * hd, n = std::size_t(k.B) * std::size_t(k.T);
+    const auto qkv = normal(n * 3 * d, g, 1.5, true), dy = normal(n * d, g, 1.0, true);
+    if (k.T == 1) {  // cuDNN refuses one-token sequences: a tessera: error, which the trainer's auto turns into flash
+      BOOST_CHECK_EXCEPTION(gpt::cudnn_attention(k.B, k.T, k.H, hd), tessera::error, [](const tessera::error& e) {
+        std::printf("attention cudnn B 1 T 1: refused (%s)\n", e.what());
+        return std::string(e.what()).find("cuDNN attention") != std::string::npos;
+      });
+      continue;
+    }
+    const attention_ref ref(qkv, dy, k.B, k.T, k.H, hd);
+    auto as_bf16 = [](const std::vector<float>& v) { return std::vector<bf16>(v.begin(), v.end()); };
+    auto dq = to_device(as_bf16(qkv));
+    auto ddy = to_device(as_bf16(dy));
+    dbuf<bf16> y(n * d), dqkv(n * 3 * d);
+    dbuf<float> stats(n * std::size_t(k.H));
+    const gpt::cudnn_attention att(k.B, k.T, k.H, hd);
+    att.forward(dq.data(), y.data(), stats.data(), nullptr);
+    att.backward(ddy.data(), dq.data(), y.data(), stats.data(), dqkv.data(), nullptr);
+    device_sync();
+    // cuDNN's statistics are (B, H, T); the reference's lse (B, T, H).
+    const auto st = to_host(stats);
+    std::vector<float> lse(st.size());
+    for (int b = 0; b < k.B; ++b)
+      for (int h = 0; h < k.H; ++h)
+        for (int t = 0; t < k.T; ++t)
+          lse[(std::size_t(b) * k.T + t) * k.H + h] = st[(std::size_t(b) * k.H + h) * k.T + t];
+    const double ey = rel_error(to_host(y), ref.y), el = rel_error(lse, ref.lse), ed = rel_error(to_host(dqkv), ref.dqkv);
+    std::printf("attention cudnn bf16 B %d T %d H %d: y %.2e, lse %.2e, dqkv %.2e (relative to the largest value)\n",
+                k.B, k.T, k.H, ey, el, ed);
+    BOOST_TEST_CONTEXT("B " << k.B << " T " << k.T << " H " << k.H) {
+      BOOST_TEST(ey <= 1e-2);
+      BOOST_TEST(el <= 1e-2);
+      BOOST_TEST(ed <= 1e-2);
+    }
+  }
 }
 
 BOOST_AUTO_TEST_CASE(exact_attention_reads_bf16_inputs) {

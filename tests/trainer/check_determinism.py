@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""tessera-mlp-lm --deterministic gives the same bits at any world size,
+"""tessera-mlp-lm and tessera-gpt --deterministic give the same bits at any world size,
 strategy and wrapper: for one precision, every valid strategy x wrapper at
 1, 2, 3, 4 and 6 ranks (gradient accumulation and clipping on) dumps
 byte-identical weights (compared with cmp) and prints identical loss and
@@ -10,6 +10,8 @@ comparison would catch a float sum; and the deterministic curve matches the
 default one within the precision's tolerance.
 
 Usage: check_determinism.py MPIEXEC TRAINER fp32|bf16 [TRAINER FLAGS...]
+(the model's flags follow the trainer's name: tessera-gpt takes a 2-layer GPT
+of width 32 over the default text, 12 micro-batches of 2 sequences)
 (e.g. --backend cuda; TESSERA_DET_WORLDS="1 2 3 4 6" picks the world sizes)"""
 import json
 import os
@@ -22,9 +24,20 @@ mpiexec, trainer, precision, extra = sys.argv[1], sys.argv[2], sys.argv[3], sys.
 trainer = os.path.abspath(trainer)  # one run works in another directory
 env = dict(os.environ, OPENBLAS_NUM_THREADS='1')
 STEPS = 6
-common = ['--layers', '2', '--d', '32', '--ctx', '4', '--tokens', '480', '--steps', str(STEPS), '--log-every', '1',
-          '--clip', '0.3', '--precision', precision, '--json'] + extra
-det = ['--deterministic', '--micro-tokens', '40']  # 12 micro-batches: every world size below divides them
+gpt = 'gpt' in os.path.basename(trainer)
+run_flags = ['--steps', str(STEPS), '--log-every', '1', '--clip', '0.3', '--precision', precision, '--json'] + extra
+if gpt:
+    common = ['--layers', '2', '--heads', '2', '--d', '32', '--seq', '16', '--batch', '2', '--lr', '3e-3'] + run_flags
+    det = ['--deterministic', '--accum', '12']  # 12 micro-batches: every world size below divides them
+    # The default path on the same sequences: 12 micro-batches at 1 rank, 4 a rank at 3.
+    float_at = {1: ['--accum', '12'], 3: ['--accum', '4']}
+    split_error = 'tessera: --deterministic: 12 micro-batches (--accum) do not split evenly over 5 ranks'
+else:
+    common = ['--layers', '2', '--d', '32', '--ctx', '4', '--tokens', '480'] + run_flags
+    det = ['--deterministic', '--micro-tokens', '40']  # 12 micro-batches: every world size below divides them
+    float_at = {1: [], 3: []}  # one micro-batch per step, split over the ranks
+    split_error = 'tessera: --deterministic: 12 micro-batches of 40 tokens do not split evenly over 5 ranks'
+
 combos = [('ddp', 'no_shard'), ('ddp', 'optim'), ('ddp', 'optim_grads'), ('fsdp', 'no_shard'), ('fsdp', 'optim'),
           ('fsdp', 'optim_grads'), ('fsdp', 'optim_grads_params'), ('fsdp2', 'optim_grads_params')]
 worlds = [int(w) for w in os.environ.get('TESSERA_DET_WORLDS', '1 2 3 4 6').split()]
@@ -85,10 +98,15 @@ for np_, flags in meshes:
 # Save at 4 ranks, resume at 2 and 3 under other strategies: the uninterrupted bits.
 half = STEPS // 2
 ck = f'{work}/ck'
-run(4, det + ['--wrapper', 'fsdp', '--strategy', 'optim_grads_params', '--save', ck, '--steps', str(half)], None)
+if gpt:  # its cosine schedule spans --steps: the whole run, checkpointed halfway
+    run(4, det + ['--wrapper', 'fsdp', '--strategy', 'optim_grads_params', '--save', ck, '--save-every', str(half)], None)
+    ck_half = os.path.join(ck, f'step-{half:09d}')
+else:
+    run(4, det + ['--wrapper', 'fsdp', '--strategy', 'optim_grads_params', '--save', ck, '--steps', str(half)], None)
+    ck_half = ck
 for np_, wrapper, strategy in [(2, 'ddp', 'optim_grads'), (3, 'fsdp2', 'optim_grads_params')]:
     dump = f'{work}/resumed-np{np_}.safetensors'
-    lines, cmd = run(np_, det + ['--wrapper', wrapper, '--strategy', strategy, '--load', ck], dump)
+    lines, cmd = run(np_, det + ['--wrapper', wrapper, '--strategy', strategy, '--load', ck_half], dump)
     ok_w, ok_l = same_bytes(ref_dump, dump), lines == ref_lines[half:]
     print(f'{"ok  " if ok_w and ok_l else "FAIL"} saved at np4 (fsdp optim_grads_params), resumed at np{np_} '
           f'({wrapper} {strategy}): weights {"identical" if ok_w else "DIFFER"}, '
@@ -99,8 +117,8 @@ for np_, wrapper, strategy in [(2, 'ddp', 'optim_grads'), (3, 'fsdp2', 'optim_gr
 # The float path on the same tokens (one micro-batch per step, split over the
 # ranks) differs across world sizes: what the checks above would catch.
 fl = ['--wrapper', 'fsdp', '--strategy', 'optim_grads_params']
-a_lines, _ = run(1, fl, f'{work}/float-np1.safetensors')
-b_lines, _ = run(3, fl, f'{work}/float-np3.safetensors')
+a_lines, _ = run(1, fl + float_at[1], f'{work}/float-np1.safetensors')
+b_lines, _ = run(3, fl + float_at[3], f'{work}/float-np3.safetensors')
 if same_bytes(f'{work}/float-np1.safetensors', f'{work}/float-np3.safetensors'):
     failures.append('the float path gave identical bytes at 1 and 3 ranks: the comparison shows nothing')
 else:
@@ -116,7 +134,7 @@ if worst > tol:
 # A world size that does not divide the micro-batches is one clear error.
 cmd = [mpiexec, '--oversubscribe', '--bind-to', 'none', '-np', '5', trainer] + common + det
 res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=work)  # its trace files go there
-if res.returncode == 0 or 'tessera: --deterministic: 12 micro-batches of 40 tokens do not split evenly over 5 ranks' not in res.stderr:
+if res.returncode == 0 or split_error not in res.stderr:
     failures.append(f'{" ".join(cmd)}: exit {res.returncode}, expected the split error:\n{res.stderr}')
 else:
     print('ok   5 ranks for 12 micro-batches: ' + next(l for l in res.stderr.splitlines() if l.startswith('tessera:')))

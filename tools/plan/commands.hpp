@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "gpt/model.hpp"
 #include "mlp_lm/planning.hpp"
 #include "mlp_lm/topology_json.hpp"
 
@@ -65,6 +66,16 @@ inline nlohmann::json read_json(const std::string& path) {
 }
 
 // The options of one tessera-bench-train result row.
+
+//! tessera-gpt's model for `memory --model`: a preset or --layers/--heads/--d/--seq/--vocab.
+struct gpt_model {
+  std::string name;  // "" (the MLP), gpt2 ... gpt2-xl, or gpt (the shape from the flags)
+  gpt::model_shape shape;
+  int batch = 4;
+  bool recompute = false;
+};
+//! tessera-gpt's bytes per rank (gpt.cpp).
+estimate gpt_estimate(const options& o, const gpt_model& g);
 
 int cmd_calibrate(const std::vector<std::string>& colls, const std::vector<std::string>& trains, int gpus_per_node,
                   const std::string& out, const std::string& name);

@@ -1,6 +1,7 @@
 // tessera-plan: what a configuration needs and how fast it runs, before anything is allocated.
 //
 //   tessera-plan memory    MODEL --gpus N [CONFIG] [--gpu-memory GiB] [--json]
+//   tessera-plan memory    --model gpt2|gpt2-medium|gpt2-large|gpt2-xl|gpt --batch B --gpus N [CONFIG] (tessera-gpt)
 //   tessera-plan predict   MODEL --gpus N [CONFIG] [--topology FILE] [--json]
 //   tessera-plan sweep     MODEL --tokens-per-gpu T [--gpus-list 8,...,4096] [--shard-groups 8,64] [--topology FILE]
 //                          [--json-out FILE]
@@ -74,8 +75,7 @@ void add_config(CLI::App* a, options& o) {
   a->add_option("--micro-tokens", o.micro_tokens, "--deterministic: tokens per micro-batch")->check(CLI::Range(1L, 1L << 30));
 }
 
-int cmd_memory(const options& o) {
-  const estimate e = evaluate_or_throw(o, topology{});
+int print_memory(const options& o, const estimate& e) {
   const std::size_t total = e.total();
   const double limit = o.gpu_memory_gib * double(1ull << 30);
   const bool fits = limit <= 0 || double(total) <= limit;
@@ -123,6 +123,35 @@ int cmd_memory(const options& o) {
                 mib(e.m.host_total()));
   }
   return fits ? 0 : 3;
+}
+
+int cmd_memory(const options& o) { return print_memory(o, evaluate_or_throw(o, topology{})); }
+
+//! tessera-gpt's memory: the model from --model and the GPT shape flags.
+int cmd_gpt_memory(options& o, gpt_model& g, const CLI::App& a) {
+  if (g.name != "gpt") {
+    gpt::model_shape p;
+    (void)gpt::preset(g.name, p);
+    for (const char* f : {"--layers", "--heads", "--d"})
+      if (a.count(f)) throw tessera::error(std::string("--model ") + g.name + " sets " + f + "; drop one of them");
+    g.shape.layers = p.layers, g.shape.heads = p.heads, g.shape.d = p.d;
+    if (!a.count("--vocab")) g.shape.vocab = p.vocab;
+    if (!a.count("--seq")) g.shape.seq = p.seq;
+    if (!a.count("--max-seq")) g.shape.max_seq = 1024;
+  } else {  // tessera-gpt's defaults where a flag is not given (the MLP's --layers / --d are shared)
+    if (!a.count("--layers")) o.layers = gpt::model_shape{}.layers;
+    if (!a.count("--d")) o.d = gpt::model_shape{}.d;
+    g.shape.layers = o.layers, g.shape.d = o.d;
+  }
+  if (g.shape.heads < 1 || g.shape.d % g.shape.heads != 0)
+    throw tessera::error("--heads " + std::to_string(g.shape.heads) + " does not divide --d " + std::to_string(g.shape.d));
+  if (g.shape.seq > g.shape.positions())
+    throw tessera::error("--seq " + std::to_string(g.shape.seq) + " is longer than the position table (--max-seq)");
+  const int S = o.shard_group > 0 ? o.shard_group : o.gpus;
+  if (o.gpus % S != 0)
+    throw tessera::error("--shard-group " + std::to_string(S) + " does not divide --gpus " + std::to_string(o.gpus));
+  if (o.outer == "optim" && o.shard_group == 0) throw tessera::error("--outer optim needs --shard-group");
+  return print_memory(o, gpt_estimate(o, g));
 }
 
 int cmd_predict(const options& o, const topology& t) {
@@ -306,6 +335,17 @@ int main(int argc, char** argv) {
     a->add_flag("--json", o.json);
   }
   for (CLI::App* a : {mem, pre, bst}) a->add_option("--gpus", o.gpus, "ranks in all")->check(CLI::Range(1, 1 << 20));
+  gpt_model g;
+  mem->add_option("--model", g.name, "tessera-gpt's model instead of the MLP: gpt2, gpt2-medium, gpt2-large, gpt2-xl, "
+                                     "or gpt (the shape from --layers --heads --d --seq --vocab)")
+      ->check(CLI::IsMember({"gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt"}));
+  mem->add_option("--heads", g.shape.heads, "--model: attention heads")->check(CLI::Range(1, 1 << 10));
+  mem->add_option("--seq", g.shape.seq, "--model: tokens per sequence")->check(CLI::Range(1, 1 << 16));
+  mem->add_option("--max-seq", g.shape.max_seq, "--model: rows of the position table (default --seq)")
+      ->check(CLI::Range(0, 1 << 16));
+  mem->add_option("--vocab", g.shape.vocab, "--model: vocabulary")->check(CLI::Range(2, 65536));
+  mem->add_option("--batch", g.batch, "--model: sequences per micro-batch per rank")->check(CLI::Range(1, 1 << 20));
+  mem->add_flag("--recompute", g.recompute, "--model: per-block activation recompute");
   for (CLI::App* a : {pre, swp, bst, val, col})
     a->add_option("--topology", topo, "a topology JSON (calibrate writes one; default: published 8xH200 figures)");
   std::string search = "all";
@@ -338,6 +378,9 @@ int main(int argc, char** argv) {
     const topology t = mlp_lm::planning::read_topology(topo);
     if (col->parsed()) return cmd_collective(t, op, bytes, gpus_list, o.json);
     if (swp->parsed()) return cmd_sweep(o, t, tokens_per_gpu, gpus_list, groups_list, out);
+    if (mem->parsed() && !g.name.empty()) return cmd_gpt_memory(o, g, *mem);
+    for (const char* f : {"--heads", "--seq", "--max-seq", "--vocab", "--batch", "--recompute"})
+      if (mem->count(f)) throw tessera::error(std::string(f) + " describes tessera-gpt's model; give --model too");
     mlp_lm::planning::check(o);
     if (mem->parsed()) return cmd_memory(o);
     if (pre->parsed()) return cmd_predict(o, t);

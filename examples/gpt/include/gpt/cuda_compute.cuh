@@ -17,6 +17,7 @@
 // separate forms only, so that the GPU matches the host backend.
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <utility>
@@ -27,10 +28,12 @@
 #include "gpt/cuda_flash.cuh"
 #include "gpt/cuda_kernels.cuh"
 #include "gpt/cuda_layernorm.cuh"
+#include "gpt/cudnn_attention.hpp"
 #include "gpt/cuda_products.cuh"
 #include "gpt/data.hpp"
 #include "gpt/host_compute.hpp"
 #include "gpt/model.hpp"
+#include "gpt/workspace.hpp"
 #include "tessera/backend/cuda/blaslt.hpp"
 #include "tessera/backend/cuda/buffer.hpp"
 #include "tessera/backend/cuda/stream.hpp"
@@ -43,7 +46,7 @@ class cuda_gpt {
   static_assert(std::is_same_v<typename Wrapper::grad_type, float>, "the GPU trainer accumulates fp32 gradients");
   template <class T> using dbuf = tessera::cuda::buffer<T>;
   // Rows of logits the classifier holds at once (rows x padded vocabulary, in C).
-  static constexpr std::size_t chunk_rows = 1024;
+  static constexpr std::size_t chunk_rows = workspace::chunk_rows;
   using products = cuda_products<C>;
   using product = typename products::product;
   using epilogue = tessera::cuda::epilogue;
@@ -56,6 +59,22 @@ public:
       : m_(m), ids_(ids), s_(s), o_(o), n_max_(std::size_t(batch) * std::size_t(s.seq)) {
     TESSERA_CHECK(s.d <= kernels::layernorm_backward_max_d, "the CUDA LayerNorm backward holds 2 d floats in shared "
                   "memory: --d at most ", kernels::layernorm_backward_max_d);
+    constexpr bool fp32 = std::is_same_v<C, float>;
+    TESSERA_CHECK(o.attention != "flash" || uses_flash(s), "--attention flash runs bf16 at head dimension ",
+                  flash::head_dim, " on sm_80 or newer; this run has ", fp32 ? "fp32" : "bf16", " and head dimension ",
+                  s.head_dim());
+    TESSERA_CHECK(o.attention != "cudnn" || !fp32, "--attention cudnn runs bf16 (--precision bf16)");
+    // cuDNN's fused attention for the training shape (batch x seq); other
+    // shapes (sampling) run flash or exact. In auto, a cuDNN that cannot run
+    // this shape leaves flash, and the banner says why.
+    if (!fp32 && (o.attention == "auto" || o.attention == "cudnn")) {
+      try {
+        cudnn_ = std::make_unique<cudnn_attention>(batch, s.seq, s.heads, s.head_dim());
+      } catch (const tessera::error& e) {
+        if (o.attention == "cudnn") throw;
+        cudnn_why_ = e.what();
+      }
+    }
     TESSERA_CHECK(flash_ || s.seq <= 8192, "the exact CUDA attention keeps a row of scores in shared memory: --seq at most 8192");
     const std::size_t n = n_max_, D = std::size_t(s.d), L = std::size_t(s.layers), slots = o.recompute ? 1 : L;
     x_ = dbuf<float>((L + 1) * n * D);
@@ -82,8 +101,10 @@ public:
   //! Which attention kernels run: the flash kernels on tensor cores (bf16 compute, head
   //! dimension 64, sm_80 or newer), else the exact ones (cuda_kernels.cuh; fp32 arithmetic, in
   //! the compute type's inputs and outputs: fp32, or bf16 where flash does not apply).
-  [[nodiscard]] const char* attention_name() const {
-    return flash_ ? "flash (bf16 tensor cores)" : "exact (fp32 arithmetic, a query row per block)";
+  [[nodiscard]] std::string attention_name() const {
+    if (cudnn_) return "cudnn (fused SDPA, " + cudnn_attention::version() + ")";
+    std::string why = cudnn_why_.empty() ? "" : "; cuDNN not used: " + cudnn_why_;
+    return (flash_ ? "flash (bf16 tensor cores" : "exact (fp32 arithmetic, a query row per block") + why + ")";
   }
   //! The form each product with a cuBLASLt epilogue runs in (after the first step: the timings that chose it).
   [[nodiscard]] std::string products_used() const { return prod_.describe(); }
@@ -93,14 +114,12 @@ public:
 
   //! Device bytes this class holds, for the memory estimate.
   [[nodiscard]] static std::size_t workspace_bytes(const model_shape& s, int batch, net_options o = {}) {
-    const std::size_t n = std::size_t(batch) * std::size_t(s.seq), D = std::size_t(s.d), L = std::size_t(s.layers),
-                      slots = o.recompute ? 1 : L, rows = std::min(chunk_rows, n), V = std::size_t(s.padded_vocab());
-    return sizeof(float) * ((L + 1) * n * D + slots * 4 * n + 2 * n + slots * n * std::size_t(s.heads) +
-                            slots * n * D + 4 * n * D + 2 * n * D) + products::workspace_bytes(s.d) +
-           sizeof(C) * (slots * 3 * n * D + slots * 4 * n * D + 3 * slots * n * D + n * D + 4 * n * D + 3 * n * D +
-                        2 * n * D + rows * V) +
-           sizeof(std::uint16_t) * 2 * n + sizeof(double) + (uses_flash(s) ? sizeof(float) * n * std::size_t(s.heads) : 0);
+    return workspace::cuda_bytes<C>(s, batch, o.recompute, uses_flash(s));
   }
+  //! Device bytes known once the net is built: cuDNN's attention workspace.
+  [[nodiscard]] std::size_t runtime_workspace_bytes() const { return cudnn_ ? cudnn_->workspace_bytes() : 0; }
+  //! cuBLASLt's workspace on this net's stream (the library's memory counts it).
+  [[nodiscard]] static constexpr std::size_t blas_workspace_bytes() { return workspace::cublaslt_bytes; }
 
   void forward_backward(const std::uint16_t* seqs, int batch, double global_tokens) {
     const std::size_t B = std::size_t(batch), T = std::size_t(s_.seq), n = B * T, D = std::size_t(s_.d),
@@ -232,7 +251,16 @@ private:
     }
   }
 
+  //! Whether cuDNN runs attention at this shape (the training batch x seq).
+  [[nodiscard]] bool on_cudnn(std::size_t B, std::size_t T) const {
+    return cudnn_ && int(B) == cudnn_->batch() && int(T) == cudnn_->seq();
+  }
+
   void attention(const slot& a, std::size_t B, std::size_t T) {
+    if (on_cudnn(B, T)) {
+      cudnn_->forward(a.qkv, a.y, a.lse, stream());
+      return;
+    }
     if (flash_) {
       flash::forward<C>(a.qkv, a.y, a.lse, int(B), int(T), s_.heads, stream());
       check_launch();
@@ -314,21 +342,26 @@ private:
     prod_.weight_grad(products::proj_wgrad, dXc, dX, a.y, n, D, D, g(b.proj_w), g(b.proj_b));
     C* dY = dy_c_.data();
     gemm(false, false, int(n), int(D), int(D), 1.0f, dXc, w.proj_w, 0.0f, dY);
-    float* dQKV = big_.data();
-    TESSERA_CUDA(cudaMemsetAsync(dQKV, 0, n * 3 * D * sizeof(float), stream()));
-    if (flash_) {
-      flash::backward<C>(dY, a.qkv, a.y, a.lse, dvec_.data(), dQKV, int(B), int(T), s_.heads, stream());
-      check_launch();
-    } else {
-      const dim3 gr(unsigned(T), unsigned(B * std::size_t(s_.heads)));
-      kernels::attention_backward_kernel<C><<<gr, 128, (T + 32) * sizeof(float), stream()>>>(
-          dY, a.qkv, a.y, a.lse, dQKV, int(T), s_.heads, s_.head_dim());
-      check_launch();
-    }
     C* dQKVc = big_c_.data();
-    kernels::convert_kernel<C><<<grid(n * 3 * D), 256, 0, stream()>>>(dQKV, dQKVc, n * 3 * D);
-    check_launch();
-    prod_.weight_grad(products::qkv_wgrad, dQKVc, dQKV, a.xn1, n, 3 * D, D, g(b.qkv_w), g(b.qkv_b));
+    if (on_cudnn(B, T)) {  // dqkv in C, written whole
+      cudnn_->backward(dY, a.qkv, a.y, a.lse, dQKVc, stream());
+      prod_.weight_grad(products::qkv_wgrad, dQKVc, nullptr, a.xn1, n, 3 * D, D, g(b.qkv_w), g(b.qkv_b));
+    } else {  // our kernels add into fp32 (dQ with atomics), then the C copy for the GEMMs
+      float* dQKV = big_.data();
+      TESSERA_CUDA(cudaMemsetAsync(dQKV, 0, n * 3 * D * sizeof(float), stream()));
+      if (flash_) {
+        flash::backward<C>(dY, a.qkv, a.y, a.lse, dvec_.data(), dQKV, int(B), int(T), s_.heads, stream());
+        check_launch();
+      } else {
+        const dim3 gr(unsigned(T), unsigned(B * std::size_t(s_.heads)));
+        kernels::attention_backward_kernel<C><<<gr, 128, (T + 32) * sizeof(float), stream()>>>(
+            dY, a.qkv, a.y, a.lse, dQKV, int(T), s_.heads, s_.head_dim());
+        check_launch();
+      }
+      kernels::convert_kernel<C><<<grid(n * 3 * D), 256, 0, stream()>>>(dQKV, dQKVc, n * 3 * D);
+      check_launch();
+      prod_.weight_grad(products::qkv_wgrad, dQKVc, dQKV, a.xn1, n, 3 * D, D, g(b.qkv_w), g(b.qkv_b));
+    }
     gemm(false, false, int(n), int(D), int(3 * D), 1.0f, dQKVc, w.qkv_w, 0.0f, dxn);
     kernels::layernorm_backward<C>(dxn, xin, w.ln1_w, a.mean1, a.rstd1, dX, dXc, g(b.ln1_w), g(b.ln1_b), int(n),
                                    int(D), stream());
@@ -362,7 +395,9 @@ private:
   const model_ids& ids_;
   model_shape s_;
   net_options o_;
-  bool flash_ = uses_flash(s_);
+  bool flash_ = uses_flash(s_) && o_.attention != "exact";
+  std::unique_ptr<cudnn_attention> cudnn_;  // the training shape's graphs, where cuDNN runs
+  std::string cudnn_why_;                   // why not, in auto
   std::size_t n_max_;
   double finished_ = 0;
   dbuf<float> x_, stats_, lse_, xmid_, big_, dx_, dsmall_, dvec_;

@@ -13,10 +13,14 @@
 #include <type_traits>
 
 #include "gpt/cuda_kernels.cuh"
+#include "gpt/workspace.hpp"
 #include "tessera/backend/cuda/blaslt.hpp"
 #include "tessera/backend/cuda/buffer.hpp"
 #include "tessera/backend/cuda/stream.hpp"
 #include "trainer_kit/product_forms.cuh"
+
+static_assert(gpt::workspace::cublaslt_bytes == tessera::cuda::matmul_workspace_bytes(),
+              "tessera-plan counts the cuBLASLt workspace the library allocates");
 
 namespace gpt {
 
@@ -30,7 +34,7 @@ public:
 
   explicit cuda_products(int d) : bias32_(4 * std::size_t(d)) {}
   //! Device bytes this class holds (an fp32 bias or bias gradient of the widest product).
-  [[nodiscard]] static std::size_t workspace_bytes(int d) { return 4 * std::size_t(d) * sizeof(float); }
+  [[nodiscard]] static std::size_t workspace_bytes(int d) { return workspace::products_bytes(d); }
 
   //! Which products may run fused, at up to n rows of width d (any_c, any_f:
   //! device memory cuBLASLt's heuristic may look at for alignment).

@@ -27,6 +27,10 @@ struct net_options {
   //! Keep each block's input only and recompute the block's forward in its
   //! backward (one block's activations instead of L).
   bool recompute = false;
+  //! The CUDA net's attention in bf16: auto (cuDNN's fused SDPA where the
+  //! build has it and it runs, else flash), cudnn, flash or exact. The host
+  //! net has one (exact).
+  std::string attention = "auto";
 };
 
 //! Rows of logits the classifier holds at once: the fp32 logits of the whole
@@ -65,6 +69,10 @@ public:
     }
   }
 
+  //! Nothing of the host net's size is known only once it is built.
+  [[nodiscard]] std::size_t runtime_workspace_bytes() const { return 0; }
+  //! The host backend's BLAS holds no workspace of the library's.
+  [[nodiscard]] static constexpr std::size_t blas_workspace_bytes() { return 0; }
   //! Host bytes this class holds, for the memory estimate.
   [[nodiscard]] static std::size_t workspace_bytes(const model_shape& s, int batch, net_options o = {}) {
     const std::size_t n = std::size_t(batch) * std::size_t(s.seq), D = std::size_t(s.d);

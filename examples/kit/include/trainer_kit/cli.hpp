@@ -38,6 +38,33 @@ inline void add_parallel_options(CLI::App& app, std::string& wrapper, std::strin
       ->check(CLI::IsMember({"fp32", "bf16"}));
 }
 
+//! --shard-group and --outer (a mesh; trainer_kit/mesh.hpp runs it).
+inline void add_mesh_options(CLI::App& app, std::string& shard_group, std::string& outer) {
+  app.add_option("--shard-group", shard_group,
+                 "hybrid sharding: ranks per shard group of a mesh (the world = R replica groups x S), or 'node' for "
+                 "one node's ranks; the strategy runs inside a group (default: the whole world, flat)");
+  app.add_option("--outer", outer,
+                 "across the replica groups of --shard-group: no_shard (HSDP: gradients all-reduced) or optim "
+                 "(HFSDP: the optimizer split again; --wrapper fsdp --strategy optim_grads_params)")
+      ->check(CLI::IsMember({"no_shard", "optim"}));
+}
+
+//! What is wrong with the mesh flags ("" when nothing): S a positive count or
+//! "node", --outer optim only on a mesh and for the one compiled HFSDP config.
+inline std::string mesh_options_error(const std::string& shard_group, const std::string& outer,
+                                      const std::string& wrapper, const std::string& strategy) {
+  if (!shard_group.empty() && shard_group != "node") {
+    int S = 0;
+    const auto [end, ec] = std::from_chars(shard_group.data(), shard_group.data() + shard_group.size(), S);
+    if (ec != std::errc{} || end != shard_group.data() + shard_group.size() || S < 1)
+      return "--shard-group " + shard_group + " is not a positive number of ranks or 'node'";
+  }
+  if (outer == "optim" && shard_group.empty()) return "--outer optim needs a mesh (--shard-group S)";
+  if (outer == "optim" && !(wrapper == "fsdp" && strategy == "optim_grads_params"))
+    return "--outer optim (HFSDP) is compiled for --wrapper fsdp --strategy optim_grads_params only";
+  return {};
+}
+
 //! A bad option value: its one line, and the exit code 2.
 inline int bad_option(const std::string& m) {
   std::fprintf(stderr, "tessera: %s\n", m.c_str());

@@ -1,0 +1,206 @@
+// gpt::cudnn_attention (include/gpt/cudnn_attention.hpp): cuDNN's fused SDPA
+// through its frontend's graph API, built once per shape.
+#include "gpt/cudnn_attention.hpp"
+
+#include <cmath>
+#include <unordered_map>
+
+#include "tessera/backend/cuda/buffer.hpp"
+#include "tessera/core/error.hpp"
+
+#if TESSERA_HAVE_CUDNN
+// The frontend loads libcudnn (and the CUDA driver and NVRTC it may need) at
+// run time (meson defines NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING): the trainer
+// then links and starts where cuDNN is not installed, and says so.
+#include <dlfcn.h>
+
+#include <cudnn_frontend.h>
+
+namespace cudnn_frontend {
+void* cudnn_dlhandle = nullptr;  // the frontend's handle on libcudnn (dlopen below)
+}
+
+namespace gpt {
+namespace fe = cudnn_frontend;
+
+namespace {
+enum uid : std::int64_t { q_uid = 1, k_uid, v_uid, scale_uid, o_uid, stats_uid, do_uid, dq_uid, dk_uid, dv_uid };
+
+void check(const fe::error_object& e, const char* what) {
+  if (!e.is_good()) throw tessera::error(std::string("cuDNN attention: ") + what + ": " + e.err_msg);
+}
+
+//! libcudnn, loaded once (its own libraries come with it).
+void load_cudnn() {
+  static std::string failed = [] {
+    fe::cudnn_dlhandle = dlopen("libcudnn.so.9", RTLD_NOW | RTLD_GLOBAL);
+    if (!fe::cudnn_dlhandle) fe::cudnn_dlhandle = dlopen("libcudnn.so", RTLD_NOW | RTLD_GLOBAL);
+    const char* e = fe::cudnn_dlhandle ? nullptr : dlerror();
+    return fe::cudnn_dlhandle ? std::string() : std::string(e ? e : "not found");
+  }();
+  if (!failed.empty()) throw tessera::error("cuDNN attention: cannot load libcudnn.so.9 (" + failed + ")");
+}
+}  // namespace
+
+struct cudnn_attention::impl {
+  int B, T, H, hd;
+  cudnnHandle_t handle = nullptr;
+  std::shared_ptr<fe::graph::Graph> fwd, bwd;
+  tessera::cuda::buffer<std::byte> workspace;
+  float scale;
+
+  // (B, T, 3, H, hd) rows for q, k, v and their gradients; (B, T, H, hd) for y and dy.
+  std::vector<std::int64_t> qkv_stride() const { return {3LL * H * hd * T, hd, 3LL * H * hd, 1}; }
+  std::vector<std::int64_t> out_stride() const { return {1LL * H * hd * T, hd, 1LL * H * hd, 1}; }
+  std::vector<std::int64_t> dims() const { return {B, H, T, hd}; }
+
+  std::shared_ptr<fe::graph::Graph> new_graph() const {
+    auto g = std::make_shared<fe::graph::Graph>();
+    g->set_io_data_type(fe::DataType_t::BFLOAT16)
+        .set_intermediate_data_type(fe::DataType_t::FLOAT)
+        .set_compute_data_type(fe::DataType_t::FLOAT);
+    return g;
+  }
+  std::shared_ptr<fe::graph::Tensor_attributes> tensor(fe::graph::Graph& g, const char* name, std::int64_t id,
+                                                       std::vector<std::int64_t> stride) const {
+    return g.tensor(fe::graph::Tensor_attributes().set_name(name).set_dim(dims()).set_stride(std::move(stride)).set_uid(id));
+  }
+  std::shared_ptr<fe::graph::Tensor_attributes> scale_tensor(fe::graph::Graph& g) const {
+    return g.tensor(fe::graph::Tensor_attributes()
+                        .set_name("scale")
+                        .set_dim({1, 1, 1, 1})
+                        .set_stride({1, 1, 1, 1})
+                        .set_is_pass_by_value(true)
+                        .set_uid(scale_uid)
+                        .set_data_type(fe::DataType_t::FLOAT));
+  }
+  void build(fe::graph::Graph& g) {
+    check(g.validate(), "validate");
+    check(g.build_operation_graph(handle), "build_operation_graph");
+    check(g.create_execution_plans({fe::HeurMode_t::A}), "create_execution_plans");
+    check(g.check_support(handle), "check_support");
+    check(g.build_plans(handle), "build_plans");
+  }
+
+  impl(int B_, int T_, int H_, int hd_) : B(B_), T(T_), H(H_), hd(hd_), scale(float(1.0 / std::sqrt(double(hd_)))) {
+    load_cudnn();
+    try {
+      if (fe::detail::create_handle(&handle) != CUDNN_STATUS_SUCCESS) throw tessera::error("cuDNN attention: cudnnCreate failed");
+    } catch (const std::runtime_error& e) {  // the frontend's loader: a missing symbol or library
+      if (dynamic_cast<const tessera::error*>(&e)) throw;
+      throw tessera::error(std::string("cuDNN attention: ") + e.what());
+    }
+    try {
+      fwd = new_graph();
+      {
+        auto& g = *fwd;
+        auto q = tensor(g, "q", q_uid, qkv_stride()), k = tensor(g, "k", k_uid, qkv_stride()),
+             v = tensor(g, "v", v_uid, qkv_stride());
+        auto opt = fe::graph::SDPA_attributes().set_name("attention").set_generate_stats(true).set_causal_mask(true)
+                       .set_attn_scale(scale_tensor(g));
+        auto [o, stats] = g.sdpa(q, k, v, opt);
+        o->set_output(true).set_dim(dims()).set_stride(out_stride()).set_uid(o_uid);
+        stats->set_output(true).set_data_type(fe::DataType_t::FLOAT).set_dim({B, H, T, 1})
+            .set_stride({1LL * H * T, T, 1, 1}).set_uid(stats_uid);
+        build(g);
+      }
+      bwd = new_graph();
+      {
+        auto& g = *bwd;
+        auto q = tensor(g, "q", q_uid, qkv_stride()), k = tensor(g, "k", k_uid, qkv_stride()),
+             v = tensor(g, "v", v_uid, qkv_stride()), o = tensor(g, "o", o_uid, out_stride()),
+             dO = tensor(g, "do", do_uid, out_stride());
+        auto stats = g.tensor(fe::graph::Tensor_attributes().set_name("stats").set_dim({B, H, T, 1})
+                                  .set_stride({1LL * H * T, T, 1, 1}).set_uid(stats_uid)
+                                  .set_data_type(fe::DataType_t::FLOAT));
+        auto opt = fe::graph::SDPA_backward_attributes().set_name("attention_backward").set_causal_mask(true)
+                       .set_attn_scale(scale_tensor(g));
+        auto [dq, dk, dv] = g.sdpa_backward(q, k, v, o, dO, stats, opt);
+        dq->set_output(true).set_dim(dims()).set_stride(qkv_stride()).set_uid(dq_uid);
+        dk->set_output(true).set_dim(dims()).set_stride(qkv_stride()).set_uid(dk_uid);
+        dv->set_output(true).set_dim(dims()).set_stride(qkv_stride()).set_uid(dv_uid);
+        build(g);
+      }
+      std::int64_t ws = 0, wb = 0;
+      check(fwd->get_workspace_size(ws), "get_workspace_size");
+      check(bwd->get_workspace_size(wb), "get_workspace_size");
+      workspace = tessera::cuda::buffer<std::byte>(std::size_t(std::max<std::int64_t>({ws, wb, 0})));
+    } catch (const tessera::error&) {
+      fe::detail::destroy_handle(handle);
+      throw;
+    } catch (const std::exception& e) {
+      fe::detail::destroy_handle(handle);
+      throw tessera::error(std::string("cuDNN attention: ") + e.what());
+    }
+  }
+  ~impl() {
+    if (handle) fe::detail::destroy_handle(handle);
+  }
+  void run(const fe::graph::Graph& g, std::unordered_map<std::int64_t, void*>& pack, cudaStream_t s) {
+    if (fe::detail::set_stream(handle, s) != CUDNN_STATUS_SUCCESS)
+      throw tessera::error("cuDNN attention: cudnnSetStream failed");
+    pack[scale_uid] = &scale;
+    check(g.execute(handle, pack, workspace.data()), "execute");
+  }
+};
+
+bool cudnn_attention::compiled() noexcept { return true; }
+std::string cudnn_attention::version() {
+  std::size_t v = 0;
+  try {
+    load_cudnn();
+    v = fe::detail::get_backend_version();
+  } catch (const std::exception& e) {
+    return std::string("cuDNN not loaded: ") + e.what();
+  }
+  return "cuDNN " + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100) +
+         ", frontend " + std::to_string(CUDNN_FRONTEND_MAJOR_VERSION) + "." + std::to_string(CUDNN_FRONTEND_MINOR_VERSION) +
+         "." + std::to_string(CUDNN_FRONTEND_PATCH_VERSION);
+}
+cudnn_attention::cudnn_attention(int B, int T, int H, int hd) : p_(std::make_unique<impl>(B, T, H, hd)) {}
+cudnn_attention::~cudnn_attention() = default;
+int cudnn_attention::batch() const noexcept { return p_->B; }
+int cudnn_attention::seq() const noexcept { return p_->T; }
+std::size_t cudnn_attention::workspace_bytes() const noexcept { return p_->workspace.size(); }
+
+void cudnn_attention::forward(const void* qkv, void* y, float* stats, cudaStream_t s) const {
+  auto* base = static_cast<std::byte*>(const_cast<void*>(qkv));
+  const std::size_t D = std::size_t(p_->H) * std::size_t(p_->hd) * 2;  // bytes of one of q, k, v in a row
+  std::unordered_map<std::int64_t, void*> pack{{q_uid, base}, {k_uid, base + D}, {v_uid, base + 2 * D},
+                                               {o_uid, y}, {stats_uid, stats}};
+  p_->run(*p_->fwd, pack, s);
+}
+
+void cudnn_attention::backward(const void* dy, const void* qkv, const void* y, const float* stats, void* dqkv,
+                               cudaStream_t s) const {
+  auto* base = static_cast<std::byte*>(const_cast<void*>(qkv));
+  auto* dbase = static_cast<std::byte*>(dqkv);
+  const std::size_t D = std::size_t(p_->H) * std::size_t(p_->hd) * 2;
+  std::unordered_map<std::int64_t, void*> pack{
+      {q_uid, base}, {k_uid, base + D}, {v_uid, base + 2 * D}, {o_uid, const_cast<void*>(y)},
+      {do_uid, const_cast<void*>(dy)}, {stats_uid, const_cast<float*>(stats)}, {dq_uid, dbase},
+      {dk_uid, dbase + D}, {dv_uid, dbase + 2 * D}};
+  p_->run(*p_->bwd, pack, s);
+}
+
+}  // namespace gpt
+
+#else  // no cuDNN in this build
+
+namespace gpt {
+struct cudnn_attention::impl {};
+bool cudnn_attention::compiled() noexcept { return false; }
+std::string cudnn_attention::version() { return "not built (meson found no cuDNN with its frontend headers)"; }
+cudnn_attention::cudnn_attention(int, int, int, int) {
+  throw tessera::error("this build of tessera-gpt has no cuDNN (meson found no cudnn.h, libcudnn and the frontend's "
+                       "cudnn_frontend.h; scripts/setup installs the frontend with pip)");
+}
+cudnn_attention::~cudnn_attention() = default;
+int cudnn_attention::batch() const noexcept { return 0; }
+int cudnn_attention::seq() const noexcept { return 0; }
+std::size_t cudnn_attention::workspace_bytes() const noexcept { return 0; }
+void cudnn_attention::forward(const void*, void*, float*, cudaStream_t) const {}
+void cudnn_attention::backward(const void*, const void*, const void*, const float*, void*, cudaStream_t) const {}
+}  // namespace gpt
+
+#endif

@@ -1,0 +1,9 @@
+// tessera-gpt --deterministic: the exact_reduction instantiations of the
+// trainer (host backend), in a translation unit of their own, compiled in
+// parallel with main's and by the C++ compiler in CUDA builds too.
+#include "gpt/host_compute.hpp"
+#include "trainer.hpp"
+
+int gpt::run_exact_host(const options& o, tessera::comm::mpi& world, const datasets& sets) {
+  return dispatch<tessera::backend::host, host_gpt, tessera::exact_reduction>(o, world, world, sets);
+}

@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""tessera-plan memory --model gpt against tessera-gpt's own estimate: for
+configurations over the wrappers, strategies, both precisions, --recompute,
+a mesh and --deterministic, on 1-4 host ranks, the planner's total (no MPI,
+nothing allocated) equals the estimate tessera-gpt prints in its JSON
+summary for the same flags, byte for byte. On the GPU side, the planner's
+CUDA count for GPT-2 124M at batch 32 in bf16 is held to the peak measured on
+an H200 (bench/results; the library's device memory at its peak) within 1%.
+Flags that are the MLP's only are one tessera: line and exit 2.
+
+usage: check_plan_gpt.py MPIEXEC TESSERA_GPT PLANNER RESULTS_DIR"""
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+
+mpiexec, trainer, planner, results = sys.argv[1:5]
+model = ['--layers', '2', '--heads', '4', '--d', '64', '--seq', '32', '--vocab', '300']
+cases = [  # ranks, flags both programs take
+    (1, ['--wrapper', 'fsdp', '--strategy', 'optim_grads_params', '--precision', 'fp32', '--batch', '3']),
+    (2, ['--wrapper', 'ddp', '--strategy', 'no_shard', '--precision', 'bf16', '--batch', '2']),
+    (3, ['--wrapper', 'fsdp', '--strategy', 'optim', '--precision', 'fp32', '--batch', '1']),
+    (3, ['--wrapper', 'fsdp2', '--strategy', 'optim_grads_params', '--precision', 'bf16', '--batch', '2', '--recompute']),
+    (2, ['--wrapper', 'ddp', '--strategy', 'optim_grads', '--precision', 'fp32', '--batch', '2']),
+    (4, ['--wrapper', 'fsdp', '--strategy', 'optim_grads_params', '--precision', 'fp32', '--batch', '1',
+         '--shard-group', '2', '--outer', 'optim']),
+    (2, ['--wrapper', 'fsdp', '--strategy', 'optim_grads_params', '--precision', 'bf16', '--batch', '2',
+         '--deterministic', '--accum', '2']),
+]
+env = dict(os.environ, OPENBLAS_NUM_THREADS='1')
+fail = 0
+
+
+def plan(np_, flags):
+    # The planner takes the trainer's flags except the training-only ones.
+    skip = {'--accum'}
+    fl, i = [], 0
+    while i < len(flags):
+        if flags[i] in skip:
+            i += 2
+            continue
+        fl.append(flags[i])
+        i += 1
+    res = subprocess.run([planner, 'memory', '--gpus', str(np_), '--json'] + fl, capture_output=True, text=True)
+    if res.returncode != 0:
+        sys.exit(f'tessera-plan {fl} exited {res.returncode}: {res.stderr}')
+    return json.loads(res.stdout)
+
+
+for np_, flags in cases:
+    run = subprocess.run([mpiexec, '--oversubscribe', '--bind-to', 'none', '-np', str(np_), trainer, '--backend', 'host',
+                          '--steps', '1', '--json'] + model + flags, capture_output=True, text=True, env=env, timeout=300)
+    if run.returncode != 0:
+        sys.exit(f'tessera-gpt {flags} at {np_} ranks exited {run.returncode}:\n{run.stdout}\n{run.stderr}')
+    summary = [json.loads(l) for l in run.stdout.splitlines() if l.startswith('{') and '"summary"' in l][-1]
+    p = plan(np_, ['--model', 'gpt', '--backend', 'host'] + model + flags)
+    ok = p['total_bytes'] == summary['estimated_bytes'] and p['params'] == summary['params']
+    fail += not ok
+    print(f'{"ok  " if ok else "FAIL"} np{np_} {" ".join(flags)}: planner {p["total_bytes"]} B, trainer '
+          f'{summary["estimated_bytes"]} B (activations {p["activations_bytes"]})')
+
+# The CUDA count against an H200's measured peaks: tessera-gpt's JSON summaries
+# of the last GPT-2 speed runs (the net as it is now), batch and model from the file name.
+measured = []
+for f in sorted(glob.glob(os.path.join(results, '*-h200-gpt-vector-gpt-*-tessera.json')) +
+                glob.glob(os.path.join(results, '*-h200-gpt-variant-*.json'))):
+    name = os.path.basename(f)
+    m = re.search(r'-gpt-(gpt2(?:-medium|-large|-xl)?)-b(\d+)-', name)
+    model_name, batch = (m.group(1), int(m.group(2))) if m else ('gpt2', 32)  # the variants: 124M at batch 32
+    for line in open(f):
+        if '"summary"' in line:
+            measured.append((name, model_name, batch, json.loads(line)))
+if len(measured) < 3:
+    fail += 1
+    print(f'FAIL {len(measured)} measured tessera-gpt summaries under {results}')
+for name, model_name, batch, s in measured:
+    flags = ['--model', model_name, '--batch', str(batch), '--precision', s['precision'], '--backend', 'cuda',
+             '--wrapper', s['wrapper'], '--strategy', s['strategy']] + (['--recompute'] if 'recompute' in name else [])
+    p = plan(1, flags)
+    rel = abs(p['total_bytes'] - s['peak_bytes']) / s['peak_bytes']
+    ok = rel <= 0.01 and p['params'] == s['params']
+    fail += not ok
+    print(f'{"ok  " if ok else "FAIL"} {name}: planner {p["total_bytes"]} B against the measured peak '
+          f'{s["peak_bytes"]} B ({rel:.3%})')
+
+# The MLP's flags are refused under --model, and the GPT's without it.
+for flags, want in [(['--model', 'gpt2', '--recompute-gelu'], "tessera-gpt (--model) takes none of them"),
+                    (['--batch', '4'], '--batch describes tessera-gpt\'s model; give --model too'),
+                    (['--model', 'gpt2', '--layers', '3'], '--model gpt2 sets --layers; drop one of them'),
+                    (['--model', 'gpt', '--heads', '5'], '--heads 5 does not divide --d 64')]:
+    res = subprocess.run([planner, 'memory', '--gpus', '1'] + flags, capture_output=True, text=True)
+    ok = res.returncode == 2 and want in res.stderr and res.stderr.startswith('tessera:')
+    fail += not ok
+    print(f'{"ok  " if ok else "FAIL"} {" ".join(flags)}: exit {res.returncode}, {res.stderr.strip()}')
+sys.exit(1 if fail else 0)
