@@ -28,6 +28,10 @@ CLASSES = [
     # cuDNN's fused attention (tessera-gpt --attention cudnn)
     ("attention backward (cuDNN: dO.O row dots, the kernel, dQ to bf16)", r"sdpa.*bprop|compute_dot_do_o|convert_dq_to"),
     ("attention forward (cuDNN)", r"sdpa.*fprop"),
+    # PyTorch's (bench/torch_gpt2.py under torch.compile): its flash attention and Triton's fused kernels
+    ("attention backward (PyTorch flash)", r"flash_bwd|flash::.*bwd|fmha.*bwd"),
+    ("attention forward (PyTorch flash)", r"flash_fwd|flash::.*fwd|fmha.*fwd"),
+    ("Triton fused kernels (torch.compile)", r"triton_"),
     # tessera-gpt's own kernels
     ("attention backward (flash, and its row dots)", r"flash::(backward_kernel|row_dot)|attention_backward"),
     ("attention forward (flash)", r"flash::forward_kernel|attention_forward"),

@@ -163,6 +163,9 @@ def main():
     ap.add_argument('--precision', choices=['fp32', 'bf16'], default='bf16')
     ap.add_argument('--attention', choices=['math', 'sdpa'], default='sdpa')
     ap.add_argument('--compile', action='store_true')
+    ap.add_argument('--profile-last', action='store_true',
+                    help='profile the last step only (cudaProfilerStart/Stop, process-wide: autograd launches the '
+                         'backward from threads of its own, which an NVTX range would miss); ncu --profile-from-start off')
     ap.add_argument('--fsdp2', action='store_true', help='PyTorch FSDP2 over the torchrun processes (--batch per GPU)')
     a = ap.parse_args()
     rank, world = 0, 1
@@ -218,6 +221,9 @@ def main():
     torch.cuda.reset_peak_memory_stats()
     for step in range(a.steps):
         torch.cuda.synchronize()
+        marked = a.profile_last and step + 1 == a.steps
+        if marked:
+            torch.cuda.profiler.start()
         t0 = time.perf_counter()
         if a.text:
             seqs = torch.stack([toks[w:w + T + 1] for w in (window(a.seed, step, g, windows) for g in range(G))]).to(dev)
@@ -239,6 +245,9 @@ def main():
         opt.zero_grad(set_to_none=True)
         loss_v = loss_sum.item() / (G * T)
         dt = time.perf_counter() - t0
+        if marked:
+            torch.cuda.synchronize()
+            torch.cuda.profiler.stop()
         if step >= 5:
             times.append(dt)
         if rank == 0:

@@ -182,5 +182,18 @@ else
     else
       log "FAIL gpt profile"; tail -5 "$LOGS/profile-gpt-$model.err"; status=1
     fi
+    # The same step of PyTorch with torch.compile (TESSERA_GPT_PROFILE_TORCH=1): its last step, between
+    # cudaProfilerStart and Stop (autograd's threads launch the backward: an NVTX range would miss them).
+    if [ "${TESSERA_GPT_PROFILE_TORCH:-0}" = 1 ]; then
+      if ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum --csv \
+           python3 bench/torch_gpt2.py --model $model --precision bf16 --batch $b --seq 1024 --steps 8 --compile --profile-last \
+           >"$OUT/profile-torch-$model.csv" 2>"$LOGS/profile-torch-$model.err"; then
+        python3 bench/ncu_step_summary.py "$OUT/profile-torch-$model.csv" >"$OUT/profile-torch-$model.txt" 2>&1
+        log "torch.compile profile $model: $(grep -F '**sum**' "$OUT/profile-torch-$model.txt" | head -1)"
+        tail -25 "$OUT/profile-torch-$model.txt" | tee -a "$OUT/summary.txt"
+      else
+        log "FAIL torch.compile profile"; tail -5 "$LOGS/profile-torch-$model.err"; status=1
+      fi
+    fi
   fi
 fi
