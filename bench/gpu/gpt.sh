@@ -173,27 +173,26 @@ else
     # One step of tessera-gpt (the last, an NVTX range) under Nsight Compute, every kernel timed alone.
     model=${TESSERA_GPT_PROFILE:-gpt2:8}
     b=${model##*:} model=${model%%:*}
-    if ncu --nvtx --nvtx-include "tessera-step/" --clock-control none --metrics gpu__time_duration.sum --csv \
-         "$bin/tessera-gpt" --backend cuda --model $model --precision bf16 --batch $b --steps 2 --data "$gpt_text" --text \
-         >"$OUT/profile-gpt-$model.csv" 2>"$LOGS/profile-gpt-$model.err"; then
-      python3 bench/ncu_step_summary.py "$OUT/profile-gpt-$model.csv" >"$OUT/profile-gpt-$model.txt" 2>&1
-      log "gpt profile $model: $(grep -F '**sum**' "$OUT/profile-gpt-$model.txt" | head -1)"
-      tail -25 "$OUT/profile-gpt-$model.txt" | tee -a "$OUT/summary.txt"
-    else
-      log "FAIL gpt profile"; tail -5 "$LOGS/profile-gpt-$model.err"; status=1
-    fi
+    # ncu_step NAME LABEL NCU-FLAGS... -- COMMAND...: one step under ncu, every kernel timed alone, summed by class.
+    ncu_step() {
+      local name=$1 label=$2; shift 2
+      local flags=(); while [ "$1" != -- ]; do flags+=("$1"); shift; done; shift
+      if ncu "${flags[@]}" --clock-control none --metrics gpu__time_duration.sum --csv "$@" \
+           >"$OUT/profile-$name.csv" 2>"$LOGS/profile-$name.err"; then
+        python3 bench/ncu_step_summary.py "$OUT/profile-$name.csv" >"$OUT/profile-$name.txt" 2>&1
+        log "$label: $(grep -F '**sum**' "$OUT/profile-$name.txt" | head -1)"
+        tail -25 "$OUT/profile-$name.txt" | tee -a "$OUT/summary.txt"
+      else
+        log "FAIL $label"; tail -5 "$LOGS/profile-$name.err"; status=1
+      fi
+    }
+    ncu_step gpt-$model "gpt profile $model" --nvtx --nvtx-include "tessera-step/" -- \
+      "$bin/tessera-gpt" --backend cuda --model $model --precision bf16 --batch $b --steps 2 --data "$gpt_text" --text
     # The same step of PyTorch with torch.compile (TESSERA_GPT_PROFILE_TORCH=1): its last step, between
     # cudaProfilerStart and Stop (autograd's threads launch the backward: an NVTX range would miss them).
     if [ "${TESSERA_GPT_PROFILE_TORCH:-0}" = 1 ]; then
-      if ncu --profile-from-start off --clock-control none --metrics gpu__time_duration.sum --csv \
-           python3 bench/torch_gpt2.py --model $model --precision bf16 --batch $b --seq 1024 --steps 8 --compile --profile-last \
-           >"$OUT/profile-torch-$model.csv" 2>"$LOGS/profile-torch-$model.err"; then
-        python3 bench/ncu_step_summary.py "$OUT/profile-torch-$model.csv" >"$OUT/profile-torch-$model.txt" 2>&1
-        log "torch.compile profile $model: $(grep -F '**sum**' "$OUT/profile-torch-$model.txt" | head -1)"
-        tail -25 "$OUT/profile-torch-$model.txt" | tee -a "$OUT/summary.txt"
-      else
-        log "FAIL torch.compile profile"; tail -5 "$LOGS/profile-torch-$model.err"; status=1
-      fi
+      ncu_step torch-$model "torch.compile profile $model" --profile-from-start off -- \
+        python3 bench/torch_gpt2.py --model $model --precision bf16 --batch $b --seq 1024 --steps 8 --compile --profile-last
     fi
   fi
 fi
