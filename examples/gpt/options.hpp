@@ -133,9 +133,9 @@ inline int parse(int argc, char** argv, options& o) {
   if (o.val_every > 0 && o.val_data.empty()) return bad("--val-every needs --val-data");
   if (const std::string e = trainer_kit::mesh_options_error(o.shard_group, o.outer, o.wrapper, o.strategy); !e.empty())
     return bad(e);
+  if (o.attention != "auto" && o.backend != "cuda") return bad("--attention chooses the CUDA net's kernels; give --backend cuda");
   // The CUDA kernels add some gradients with atomics (LayerNorm's weights, the
   // embeddings, flash attention's dQ), in an order that differs run to run.
-  if (o.attention != "auto" && o.backend != "cuda") return bad("--attention chooses the CUDA net's kernels; give --backend cuda");
   if (o.deterministic && o.backend == "cuda")
     return bad("--deterministic runs on --backend host only: tessera-gpt's CUDA kernels add LayerNorm, embedding "
                "and attention gradients with atomics, so GPU runs are not bit-reproducible (yet)");

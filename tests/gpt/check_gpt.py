@@ -137,6 +137,10 @@ cases = [
     (['--model', 'gpt3'], 'gpt3'),
     (['--val-every', '5'], '--val-every needs --val-data'),
     (['--timeout', 'nan'], '--timeout nan'),
+    (['--attention', 'flash'], '--attention chooses the CUDA net'),
+    (['--backend', 'cuda', '--deterministic'], '--deterministic runs on --backend host only'),
+    (['--outer', 'optim'], '--outer optim needs a mesh'),
+    (['--shard-group', 'two'], '--shard-group two is not a positive number'),
 ]
 for args, part in cases:
     res = run(2, args, expect_rc=None)
