@@ -3,6 +3,7 @@
 // two halves compile in parallel.
 #define BOOST_TEST_MODULE tessera_strategies_fp32
 #include "common/mpi_test_main.hpp"
+#include "common/init_suite.hpp"
 #include "common/strategy_suite.hpp"
 
 using namespace tessera;
@@ -38,47 +39,18 @@ BOOST_AUTO_TEST_CASE(single_rank_matches_float64_oracle) {
   }
 }
 
-// init_param: every rank draws only its own elements from (seed, name, index),
-// so main and compute weights are bit-identical to the values drawn whole, at
-// every world size, strategy, wrapper and precision (and no rank builds the
-// full tensor). Shapes that do not divide the world size.
+// init_param (tests/common/init_suite.hpp): the same bits at every world size.
 using init_configs = std::tuple<config<no_shard, ddp, F>, config<optim, ddp, F>, config<optim_grads, fsdp, F>,
                                 config<optim_grads_params, fsdp, F>, config<optim_grads_params, fsdp2, F>,
                                 config<optim_grads_params, fsdp, mixed_precision<bf16, float>>,
                                 config<optim, ddp, mixed_precision<bf16, float>>,
                                 config<optim_grads_params, fsdp2, mixed_precision<bf16, float>>>;
 BOOST_AUTO_TEST_CASE_TEMPLATE(init_param_is_the_same_at_every_world_size, Cfg, init_configs) {
-  using C = typename Cfg::compute_type;
   comm::mpi c;
-  data_parallel_t<Cfg> m(c);
-  const auto u0 = m.add_unit("embed"), u1 = m.add_unit("block0");
-  const param_id ps[] = {m.add_param(u0, "wte", {37, 5}), m.add_param(u0, "ln.b", {7}, false),
-                         m.add_param(u1, "w", {3, 11}), m.add_param(u1, "scale", {13}, false)};
-  m.finalize();
-  const init::normal normal{.seed = 7, .stdev = 0.02};
-  const init::uniform uni{.seed = 7, .lo = -1, .hi = 1};
-  m.init_param(ps[0], normal);
-  m.init_param(ps[1], init::constant{0.5});
-  m.init_param(ps[2], uni);
-  m.init_param(ps[3], init::constant{1.0});
-  const char* names[] = {"embed.wte", "embed.ln.b", "block0.w", "block0.scale"};
-  for (int k = 0; k < 4; ++k) {
-    const std::vector<float> got = m.get_param(ps[k]);
-    const auto key = key_of(names[k]);
-    std::vector<float> want(got.size());
-    for (std::size_t i = 0; i < want.size(); ++i)
-      want[i] = k == 0 ? normal.value(key, i) : k == 2 ? uni.value(key, i) : k == 1 ? 0.5f : 1.0f;
-    BOOST_TEST_CONTEXT(names[k]) {
-      BOOST_TEST(got == want, boost::test_tools::per_element());
-      auto s = m.gather(unit_id{ps[k].unit});
-      const auto w = s.weight(ps[k]);
-      for (std::size_t i = 0; i < want.size(); ++i)
-        BOOST_TEST(float(w[i]) == float(convert<C>(want[i])));
-    }
-  }
+  tessera_test::check_init_param<Cfg>(c);
   // Different names and seeds give different streams.
+  const init::normal normal{.seed = 7, .stdev = 0.02}, other_seed{.seed = 8, .stdev = 0.02};
   BOOST_TEST(normal.value(key_of("embed.wte"), 0) != normal.value(key_of("embed.wpe"), 0));
-  const init::normal other_seed{.seed = 8, .stdev = 0.02};
   BOOST_TEST(normal.value(key_of("embed.wte"), 0) != other_seed.value(key_of("embed.wte"), 0));
 }
 

@@ -10,8 +10,8 @@
 #  - kernels: tests/cuda/test_gpt_kernels_cuda.cu (attention, LayerNorm,
 #    cross-entropy, embeddings against float64);
 #  - speed: each "model:batch" of $TESSERA_GPT_SIZES (default gpt2:8), bf16,
-#    seq 1024, beside PyTorch eager (SDPA) and, with TESSERA_GPT_COMPILE=1,
-#    torch.compile in the same call (bench/gpt_speed_summary.py prints the
+#    seq 1024, beside PyTorch eager (SDPA; TESSERA_GPT_EAGER=0 leaves it out) and,
+#    with TESSERA_GPT_COMPILE=1, torch.compile in the same call (bench/gpt_speed_summary.py prints the
 #    ratios); $TESSERA_GPT_FLAGS adds trainer flags (e.g. --recompute), and
 #    $TESSERA_GPT_ALSO runs tessera-gpt again with more (e.g. --attention flash) as a row;
 #  - variants: $TESSERA_GPT_VARIANT (gpt2:32) at one rank under fsdp and fsdp2
@@ -26,7 +26,8 @@
 # Text: $TESSERA_GPT_TEXT, a plain-text English file (the machine has no
 # fortunes package: carry one).
 #  - multi: GPT-2 at every GPU of the machine beside PyTorch FSDP2 (issue 39's part; a dry run at one).
-# TESSERA_GPT_PARTS="kernels curves torch hf speed variants profile learn multi" picks parts.
+#  - init: initial weights drawn on the device equal at 1, 2 and 3 ranks, and the host's.
+# TESSERA_GPT_PARTS="kernels curves torch hf init speed variants profile learn multi" picks parts.
 gpt_text=${TESSERA_GPT_TEXT:-}
 gpt_parts=${TESSERA_GPT_PARTS:-kernels curves torch hf speed}
 if [ -z "$gpt_text" ] || [ ! -f "$gpt_text" ]; then
@@ -75,6 +76,34 @@ else
       log "FAIL gpt -> Hugging Face"; tail -20 "$LOGS/gpt-hf.log"; status=1
     fi
   fi
+  if [[ " $gpt_parts " == *" init "* ]]; then
+    # Initial weights drawn on the device (the library's init_param): the suite's cases at 1 and 2
+    # staged ranks, then GPT-2 124M's weights at 1, 2 and 3 ranks (optim_grads_params: each rank
+    # draws its shard) byte for byte, and against the host backend's draws (tests/gpt/compare_dumps.py).
+    filter='--run_test=init_param_on_the_device_is_the_hosts*:device_normals_round_like_the_hosts'
+    run_np init-suite-np1 1 "$bin/test-strategies-cuda" "$filter"
+    run_np init-suite-np2 2 "$bin/test-strategies-cuda" "$filter"
+    grep -h 'floats differ' "$LOGS/init-suite-np1.log" | head -1 | tee -a "$OUT/summary.txt"
+    dump="$OUT/init" && mkdir -p "$dump"
+    for np in 1 2 3; do
+      timeout 300 mpirun --oversubscribe --bind-to none -np $np "$bin/tessera-gpt" --backend cuda --model gpt2 \
+        --precision fp32 --steps 0 --data "$gpt_text" --text --dump-weights "$dump/cuda-np$np.safetensors" --json \
+        >"$LOGS/gpt-init-cuda-np$np.log" 2>&1 || status=1
+    done
+    timeout 300 "$bin/tessera-gpt" --backend host --model gpt2 --precision fp32 --steps 0 --data "$gpt_text" --text \
+      --dump-weights "$dump/host.safetensors" --json >"$LOGS/gpt-init-host.log" 2>&1 || status=1
+    for np in 2 3; do
+      if python3 tests/gpt/compare_dumps.py "$dump/cuda-np1.safetensors" "$dump/cuda-np$np.safetensors" 0 0 \
+           >"$LOGS/gpt-init-np$np.txt" 2>&1; then log "PASS gpt init, cuda np1 = np$np: $(tail -1 "$LOGS/gpt-init-np$np.txt")"
+      else log "FAIL gpt init, cuda np1 = np$np: $(tail -1 "$LOGS/gpt-init-np$np.txt")"; status=1; fi
+    done
+    if python3 tests/gpt/compare_dumps.py "$dump/host.safetensors" "$dump/cuda-np1.safetensors" 64 1 \
+         >"$LOGS/gpt-init-host.txt" 2>&1; then log "PASS gpt init, cuda = host: $(tail -1 "$LOGS/gpt-init-host.txt")"
+    else log "FAIL gpt init, cuda = host: $(tail -1 "$LOGS/gpt-init-host.txt")"; status=1; fi
+    grep -ho '"init_s":[0-9.]*' "$LOGS"/gpt-init-*.log | tr '\n' ' ' | sed 's/^/init seconds (cuda np1 np2 np3, host): /' | tee -a "$OUT/summary.txt"
+    echo | tee -a "$OUT/summary.txt"
+    rm -rf "$dump"
+  fi
   if [[ " $gpt_parts " == *" speed "* ]]; then
     # Each size at its batch, tessera-gpt then PyTorch eager and (TESSERA_GPT_COMPILE=1) torch.compile,
     # in this one call. PyTorch draws random tokens (the speed issue's setting); tessera-gpt reads
@@ -84,9 +113,12 @@ else
       log "$model, bf16, batch $b x 1024: tessera-gpt (one rank) beside PyTorch (SDPA) ${TESSERA_GPT_FLAGS:-}"
       timeout 300 "$bin/tessera-gpt" --backend cuda --model $model --precision bf16 --batch $b --steps ${TESSERA_GPT_SPEED_STEPS:-12} \
         --log-every 1 --json --data "$gpt_text" --text ${TESSERA_GPT_FLAGS:-} >"$OUT/gpt-$model-b$b-tessera.json" 2>"$LOGS/gpt-$model-b$b-tessera.err" || status=1
-      timeout 300 python3 bench/torch_gpt2.py --model $model --precision bf16 --batch $b --seq 1024 --steps 12 \
-        >"$OUT/gpt-$model-b$b-torch.json" 2>"$LOGS/gpt-$model-b$b-torch.err" || status=1
-      peers="$OUT/gpt-$model-b$b-torch.json"
+      peers=
+      if [ "${TESSERA_GPT_EAGER:-1}" = 1 ]; then  # TESSERA_GPT_EAGER=0: torch.compile alone (eager is slower)
+        timeout 300 python3 bench/torch_gpt2.py --model $model --precision bf16 --batch $b --seq 1024 --steps 12 \
+          >"$OUT/gpt-$model-b$b-torch.json" 2>"$LOGS/gpt-$model-b$b-torch.err" || status=1
+        peers="$OUT/gpt-$model-b$b-torch.json"
+      fi
       # TESSERA_GPT_ALSO: tessera-gpt once more with these flags (e.g. "--attention flash"), as a peer row.
       if [ -n "${TESSERA_GPT_ALSO:-}" ]; then
         timeout 300 "$bin/tessera-gpt" --backend cuda --model $model --precision bf16 --batch $b --steps ${TESSERA_GPT_SPEED_STEPS:-12} \

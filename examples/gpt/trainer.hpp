@@ -314,6 +314,7 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
                      {"strategy", Cfg::strategy::name}, {"wrapper", Cfg::wrapper::name}, {"precision", o.precision},
                      {"backend", Net<Wrapper>::backend_name}, {"steps", o.steps}, {"tokens_per_s", tps},
                      {"tflops", shape.flops_per_token() * tps / 1e12}, {"peak_bytes", peak}, {"estimated_bytes", est},
+                     {"attention_workspace_bytes", net.runtime_workspace_bytes()},
                      {"init_s", init_s}, {"attention", net.attention_name()}, {"deterministic", o.deterministic},
                      {"shard_group", model.world()}, {"replicas", model.replicas()}, {"outer", Cfg::outer_type::name},
                      {"products", net.products_used()}};

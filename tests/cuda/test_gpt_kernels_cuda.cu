@@ -2,7 +2,7 @@
 // attention forward and backward (the exact fp32 kernels and the bf16 flash
 // kernels; sequences that are not a multiple of the 64-row tile, one head and
 // many), LayerNorm forward and backward, the classifier's cross-entropy and
-// its gradient, and the embeddings' backward with repeated tokens.
+// its gradient, GELU, and the embeddings' backward with repeated tokens.
 #define BOOST_TEST_MODULE tessera_gpt_kernels_cuda
 #include "common/mpi_test_main.hpp"
 #include "common/util.hpp"
@@ -269,14 +269,14 @@ BOOST_AUTO_TEST_CASE(layernorm_forward_and_backward_match_float64) {
 
 namespace {
 // C: the logits' type (fp32, or bf16 as the bf16 classifier writes them; bf16-exact values then).
+// Rows ld apart over a real vocabulary of V (not a multiple of the block): the
+// padding holds large logits that must not count, and its gradient, written
+// over the logits, must come out zero (the padded rows of the tied table learn
+// nothing). cache: the kernel may keep a row in shared memory (else it reads
+// the row twice).
 template <class C>
-void check_cross_entropy(double tol) {
-  // Rows ld = 1024 apart over a real vocabulary of V = 1000 (not a multiple of
-  // the block): the padding holds large logits that must not count, and its
-  // gradient, written over the logits, must come out zero (the padded rows of
-  // the tied table learn nothing).
+void check_cross_entropy(double tol, int rows = 13, int V = 1000, int ld = 1024, bool cache = true) {
   std::mt19937 g(44);
-  const int rows = 13, V = 1000, ld = 1024;
   auto z = normal(std::size_t(rows) * ld, g, 3.0, !std::is_same_v<C, float>);
   for (int r = 0; r < rows; ++r)
     for (int c = V; c < ld; ++c) z[std::size_t(r) * ld + std::size_t(c)] = 50.0f;
@@ -289,7 +289,8 @@ void check_cross_entropy(double tol) {
   dbuf<double> loss(1);
   TESSERA_CUDA(cudaMemset(loss.data(), 0, sizeof(double)));
   const float scale = 0.37f;
-  gpt::kernels::cross_entropy<C>(dz.data(), dt.data(), V, ld, scale, true, loss.data(), rows, nullptr);
+  gpt::kernels::cross_entropy<C>(dz.data(), dt.data(), V, ld, scale, true, loss.data(), std::size_t(rows), nullptr,
+                                 cache);
   TESSERA_CUDA(cudaGetLastError());
   device_sync();
   std::vector<double> ref_dz(z.size(), 0.0);
@@ -313,6 +314,45 @@ BOOST_AUTO_TEST_CASE(cross_entropy_and_gradient_match_float64) { check_cross_ent
 
 // The gradient rounded to bf16 (2^-9 relative); the loss is summed in fp32 from bf16-exact logits.
 BOOST_AUTO_TEST_CASE(cross_entropy_of_bf16_logits_matches_float64) { check_cross_entropy<bf16>(8e-3); }
+
+// GPT-2's padded vocabulary, a row in shared memory (bf16: 98 KiB) and read
+// twice instead (fp32 at 65,536: more than an H200's 227 KiB of shared memory).
+BOOST_AUTO_TEST_CASE(cross_entropy_of_gpt2_rows_cached_and_streamed) {
+  check_cross_entropy<bf16>(8e-3, 5, 50257, 50304, true);
+  check_cross_entropy<bf16>(8e-3, 5, 50257, 50304, false);
+  check_cross_entropy<float>(1e-5, 3, 50257, 50304, true);
+  check_cross_entropy<float>(1e-5, 3, 65000, 65536, true);
+}
+
+// gelu_kernel (the backward's recompute) against float64: bf16 in and out 8
+// at a time, a tail that is not a multiple of 8, a misaligned start (one at a
+// time), and fp32.
+template <class C>
+void check_gelu(std::size_t total, std::size_t offset, double tol) {
+  std::mt19937 g(46);
+  const auto h = normal(total + offset, g, 2.0, !std::is_same_v<C, float>);
+  std::vector<C> hc(h.begin(), h.end());
+  auto dh = to_device(hc);
+  dbuf<C> da(total + offset);
+  gpt::kernels::gelu_kernel<C, C><<<gpt::kernels::grid(total), 256>>>(dh.data() + offset, da.data() + offset, total);
+  TESSERA_CUDA(cudaGetLastError());
+  device_sync();
+  const auto a = to_host(da);
+  std::vector<double> ref(total);
+  std::vector<C> got(total);
+  for (std::size_t i = 0; i < total; ++i) {
+    const double x = h[offset + i];
+    ref[i] = 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+    got[i] = a[offset + i];
+  }
+  BOOST_TEST(rel_error(got, ref) <= tol);
+}
+BOOST_AUTO_TEST_CASE(gelu_matches_float64) {
+  check_gelu<bf16>(1 << 20, 0, 4e-3);
+  check_gelu<bf16>(1000003, 0, 4e-3);
+  check_gelu<bf16>(4099, 1, 4e-3);
+  check_gelu<float>(4099, 0, 1e-6);
+}
 
 BOOST_AUTO_TEST_CASE(embedding_backward_sums_repeated_tokens) {
   std::mt19937 g(45);

@@ -118,11 +118,13 @@ public:
   //! init.value(key_of("<unit>.<tensor>"), i), each rank computing only the
   //! elements it keeps. The values are the same at every world size, under
   //! every strategy and wrapper, on every backend, and no rank builds the
-  //! full tensor. No communication.
+  //! full tensor. No communication. On the CUDA backend a device_initializer
+  //! (the library's) draws on the device, straight into the rank's buffers;
+  //! others on the host, copied over.
   template <initializer I>
   void init_param(param_id p, const I& init) {
     const std::uint64_t key = key_of(e_.layout(std::size_t(p.unit)).name() + "." + e_.registry().slot(p).spec.name);
-    e_.init_param(p, [&init, key](std::size_t i) { return init.value(key, i); });
+    e_.init_param(p, detail::drawn<I>{init, key});
   }
   //! The full main-weight value of a parameter on every rank's host.
   //! Collective: every rank calls it (on one rank alone it waits for the others).

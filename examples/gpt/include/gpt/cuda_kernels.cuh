@@ -82,11 +82,40 @@ __global__ void bias_gelu_kernel(H* h, const C* b, C* a, std::size_t n, int cols
   }
 }
 
-//! a = gelu(h) in C (recomputed in backward).
+//! tanh-GELU as x sigmoid(2u) = x / (1 + e^-2u), u = sqrt(2/pi) (x + 0.044715 x^3):
+//! the same function as gelu() in a few instructions instead of tanhf's many,
+//! for outputs rounded to bf16 (a few fp32 ulps apart from gelu()).
+__device__ inline float gelu_fast(float x) {
+  const float u = 0.7978845608028654f * fmaf(0.044715f * x, x * x, x);
+  return x / (1.0f + __expf(-2.0f * u));
+}
+
+//! a = gelu(h) in C (recomputed in backward). Where h and a are 16-bit and
+//! 16-byte aligned, 8 elements a thread at a time with gelu_fast (one element
+//! a thread with tanhf ran at 40% of copy speed), the tail one at a time;
+//! an fp32 output (the host's arithmetic) with gelu().
 template <class H, class C>
 __global__ void gelu_kernel(const H* h, C* a, std::size_t total) {
-  for (std::size_t k = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; k < total; k += std::size_t(gridDim.x) * blockDim.x)
-    a[k] = convert<C>(gelu(float(h[k])));
+  const std::size_t first = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x, stride = std::size_t(gridDim.x) * blockDim.x;
+  std::size_t done = 0;
+  if constexpr (sizeof(H) == 2 && sizeof(C) == 2) {
+    if (((reinterpret_cast<std::uintptr_t>(h) | reinterpret_cast<std::uintptr_t>(a)) & 15) == 0) {
+      const std::size_t vecs = total / 8;
+      for (std::size_t k = first; k < vecs; k += stride) {
+        uint4 u = reinterpret_cast<const uint4*>(h)[k];
+        H in[8];
+        C out[8];
+        memcpy(in, &u, sizeof u);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) out[i] = convert<C>(gelu_fast(float(in[i])));
+        memcpy(&u, out, sizeof u);
+        reinterpret_cast<uint4*>(a)[k] = u;
+      }
+      done = vecs * 8;
+    }
+  }
+  for (std::size_t k = done + first; k < total; k += stride)
+    a[k] = convert<C>(sizeof(C) == 2 ? gelu_fast(float(h[k])) : gelu(float(h[k])));
 }
 
 //! dh = da gelu'(h), in C.
@@ -204,86 +233,112 @@ __global__ void attention_backward_kernel(const Q* dy, const Q* qkv, const C* y,
   }
 }
 
-// (max, sum of exp(v - max)) pairs combined: the online softmax's reduction.
-__device__ inline void softmax_combine(float& m, float& s, float m2, float s2) {
-  const float mn = fmaxf(m, m2);
-  s = s * __expf(m - mn) + s2 * __expf(m2 - mn);
-  m = mn;
-}
-
 //! One block per row of logits in C (fp32, or bf16 as the bf16 classifier
 //! writes them), rows ld apart with the real vocabulary V <= ld first: the
 //! row's cross-entropy over the V real entries into *loss (double atomics)
 //! and, with `grad`, dloss/dz x scale written over the logits in place, zero
 //! in the ld - V padded columns (so the padded rows of a tied table get no
-//! gradient). Max and sum in one pass (online softmax), so the logits are
-//! read twice in all, 16 bytes a thread at a time (ld a multiple of 16 / sizeof(C),
+//! gradient). 16 bytes a thread at a time (ld a multiple of 16 / sizeof(C),
 //! rows 16-byte aligned: cross_entropy() checks), several loads in flight:
 //! one element a thread at a time left the kernel waiting on memory, 3x
-//! slower than its bytes. The padding lets the classifier's GEMMs run on
-//! aligned rows.
-template <class C>
+//! slower than its bytes. Three passes (max; sum of exp; gradient), each
+//! element independent of the last: an online softmax chains every element's
+//! update on the one before and left the kernel bound by that latency.
+//! Cached: the first pass keeps the row in shared memory, so global memory
+//! sees one read and one write of it (a GPT-2 row of bf16 logits is 98 KiB:
+//! two rows per SM); otherwise each pass reads it again. The padding lets
+//! the classifier's GEMMs run on aligned rows.
+template <class C, bool Cached>
 __global__ void cross_entropy_kernel(C* z, const std::uint16_t* target, int V, int ld, float scale, bool grad,
                                      double* loss) {
   constexpr int N = 16 / int(sizeof(C));  // elements per 16-byte chunk
-  __shared__ float red_m[32], red_s[32];
+  constexpr float log2e = 1.4426950408889634f;
+  extern __shared__ uint4 cache[];        // Cached: the row, ld / N chunks
+  __shared__ float red[32];
   const std::size_t r = blockIdx.x;
   C* row = z + r * std::size_t(ld);
   uint4* chunks = reinterpret_cast<uint4*>(row);
+  const uint4* from = Cached ? cache : chunks;  // passes 2 and 3 read here
   const int nchunks = ld / N;
-  float m = -FLT_MAX, s = 0;
+  auto unpack = [](const uint4& u, float* v) {
+    C e[N];
+    memcpy(e, &u, sizeof u);
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] = float(e[i]);
+  };
+  float m = -FLT_MAX;
 #pragma unroll 4
   for (int k = int(threadIdx.x); k < nchunks; k += int(blockDim.x)) {
     const uint4 u = chunks[k];
-    C e[N];
-    memcpy(e, &u, sizeof u);
+    if constexpr (Cached) cache[k] = u;
+    float v[N];
+    unpack(u, v);
 #pragma unroll
-    for (int i = 0; i < N; ++i) {
-      if (k * N + i >= V) break;
-      const float v = float(e[i]);
-      if (v > m) s = s * __expf(m - v) + 1.0f, m = v;
-      else s += __expf(v - m);
-    }
+    for (int i = 0; i < N; ++i) m = fmaxf(m, k * N + i < V ? v[i] : -FLT_MAX);
   }
-  for (int o = 16; o > 0; o >>= 1)
-    softmax_combine(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
-  const int lane = int(threadIdx.x & 31), warp = int(threadIdx.x >> 5), warps = int(blockDim.x >> 5);
-  if (lane == 0) red_m[warp] = m, red_s[warp] = s;
-  __syncthreads();
-  m = lane < warps ? red_m[lane] : -FLT_MAX;
-  s = lane < warps ? red_s[lane] : 0.0f;
-  for (int o = 16; o > 0; o >>= 1)
-    softmax_combine(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
-  const int t = target[r];
-  const float zt = float(row[t]);
-  if (threadIdx.x == 0) atomicAdd(loss, double(logf(s) + m - zt));
-  if (!grad) return;
-  __syncthreads();  // every thread has read row[t] before it is overwritten
-  const float inv = 1.0f / s;
+  m = block_reduce<true>(m, red);  // its __syncthreads: the cached row is whole
+  const float mb = m * log2e;      // exp(v - m) = 2^(v log2 e - m log2 e)
+  float s = 0;
 #pragma unroll 4
   for (int k = int(threadIdx.x); k < nchunks; k += int(blockDim.x)) {
-    uint4 u = chunks[k];
+    float v[N];
+    unpack(from[k], v);
+#pragma unroll
+    for (int i = 0; i < N; ++i) s += k * N + i < V ? exp2f(fmaf(v[i], log2e, -mb)) : 0.0f;
+  }
+  s = block_reduce<false>(s, red);
+  const int t = target[r];
+  const float zt = float(reinterpret_cast<const C*>(from)[t]);
+  if (threadIdx.x == 0) atomicAdd(loss, double(logf(s) + m - zt));
+  if (!grad) return;
+  if constexpr (!Cached) __syncthreads();  // every thread has read row[t] before it is overwritten
+  const float inv = scale / s;
+#pragma unroll 4
+  for (int k = int(threadIdx.x); k < nchunks; k += int(blockDim.x)) {
+    float v[N];
+    unpack(from[k], v);
     C e[N];
-    memcpy(e, &u, sizeof u);
 #pragma unroll
     for (int i = 0; i < N; ++i) {
       const int c = k * N + i;
-      e[i] = c < V ? convert<C>((__expf(float(e[i]) - m) * inv - (c == t ? 1.0f : 0.0f)) * scale) : convert<C>(0.0f);
+      e[i] = convert<C>(c < V ? fmaf(exp2f(fmaf(v[i], log2e, -mb)), inv, c == t ? -scale : 0.0f) : 0.0f);
     }
+    uint4 u;
     memcpy(&u, e, sizeof u);
     chunks[k] = u;
   }
 }
 
-//! Launches cross_entropy_kernel over `rows` rows on stream s.
+//! The largest row (bytes) cross_entropy() keeps in shared memory: the
+//! device's opt-in limit less the kernel's static arrays, once per process.
+template <class C>
+std::size_t cross_entropy_cache_limit() {
+  static const std::size_t limit = [] {
+    int dev = 0, optin = 0;
+    TESSERA_CUDA(cudaGetDevice(&dev));
+    TESSERA_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    const std::size_t bytes = std::size_t(optin) > 1024 ? std::size_t(optin) - 1024 : 0;
+    TESSERA_CUDA(cudaFuncSetAttribute(cross_entropy_kernel<C, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      int(bytes)));
+    return bytes;
+  }();
+  return limit;
+}
+
+//! Launches cross_entropy_kernel over `rows` rows on stream s: the cached
+//! form (512 threads) where a row fits in shared memory, else the two-read one.
 template <class C>
 void cross_entropy(C* z, const std::uint16_t* target, int V, int ld, float scale, bool grad, double* loss,
-                   std::size_t rows, cudaStream_t s) {
+                   std::size_t rows, cudaStream_t s, bool allow_cache = true) {
   constexpr int N = 16 / int(sizeof(C));
   TESSERA_CHECK(ld % N == 0 && reinterpret_cast<std::uintptr_t>(z) % 16 == 0 && V <= ld,
                 "cross_entropy: rows of ", ld, " logits must be 16-byte aligned and hold the vocabulary of ", V);
   if (rows == 0) return;
-  cross_entropy_kernel<C><<<unsigned(rows), 256, 0, s>>>(z, target, V, ld, scale, grad, loss);
+  const std::size_t bytes = std::size_t(ld) * sizeof(C);
+  if (allow_cache && bytes <= cross_entropy_cache_limit<C>())
+    cross_entropy_kernel<C, true><<<unsigned(rows), 512, bytes, s>>>(z, target, V, ld, scale, grad, loss);
+  else
+    cross_entropy_kernel<C, false><<<unsigned(rows), 256, 0, s>>>(z, target, V, ld, scale, grad, loss);
   check_launch();
 }
 

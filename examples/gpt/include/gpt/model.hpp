@@ -119,15 +119,6 @@ model_ids register_model(Wrapper& m, const model_shape& s) {
   return ids;
 }
 
-//! An initializer whose elements past `limit` are 0: the token table's padded
-//! rows start at zero (they never receive a gradient, so they stay there).
-template <class I>
-struct first_elements {
-  I inner;
-  std::size_t limit;
-  [[nodiscard]] float value(std::uint64_t key, std::size_t i) const noexcept { return i < limit ? inner.value(key, i) : 0.0f; }
-};
-
 //! GPT-2's initialisation through the library's counter-based initializer
 //! (the same bits at every world size, strategy and wrapper): N(0, 0.02)
 //! matrices and tables, residual projections N(0, 0.02 / sqrt(2 layers)),
@@ -138,7 +129,8 @@ void init_model(Wrapper& m, const model_ids& ids, const model_shape& s, std::uin
   const init::normal w{.seed = seed, .stdev = 0.02};
   const init::normal resid{.seed = seed, .stdev = 0.02 / std::sqrt(2.0 * s.layers)};
   const init::constant zero{0.0}, one{1.0};
-  m.init_param(ids.wte, first_elements<init::normal>{w, std::size_t(s.vocab) * std::size_t(s.d)});
+  // The padded rows of the token table start at zero (they never receive a gradient, so they stay there).
+  m.init_param(ids.wte, init::first<init::normal>{w, std::size_t(s.vocab) * std::size_t(s.d)});
   m.init_param(ids.wpe, w);
   m.init_param(ids.lnf_w, one);
   m.init_param(ids.lnf_b, zero);

@@ -11,8 +11,12 @@
 
 namespace gpt::workspace {
 
-//! Rows of the classifier's logits the CUDA net holds at once.
-inline constexpr std::size_t chunk_rows = 1024;
+//! Rows of the classifier's logits the CUDA net holds at once. 4096, not
+//! fewer: the input gradient of a chunk (rows x d, summed over the 50k
+//! vocabulary) has too few output tiles to fill an H200 at 1024 rows (it ran
+//! at 60% of cuBLAS speed), and each chunk adds the fp32 gradient of the
+//! whole tied table once. 4096 rows of GPT-2's bf16 logits are 412 MB.
+inline constexpr std::size_t chunk_rows = 4096;
 //! cuBLASLt's workspace, one per (device, stream) (tessera/backend/cuda/blaslt.hpp),
 //! counted in the library's device memory like any buffer.
 inline constexpr std::size_t cublaslt_bytes = std::size_t(32) << 20;

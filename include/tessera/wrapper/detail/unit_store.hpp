@@ -173,16 +173,24 @@ public:
   void init_param(std::size_t u, std::size_t t, const F& value) {
     const auto& L = reg_->layout(u);
     const auto& s = L.tensors().at(t);
-    if (const piece p = rules::range_piece(L, t, comm_.rank(), part_); !p.empty()) {
-      std::vector<M> host(p.count);
-      fill_parallel(host.size(), [&](std::size_t i) { host[i] = M(value(p.tensor_begin + i)); });
-      ops::copy_from_host(main_weights(u).subspan(p.shard_begin, p.count), std::span<const M>(host));
-    }
+    // On the device where the initializer runs there and the buffer is device memory (main weights
+    // offloaded to the host are drawn on the host).
+    constexpr bool device = std::is_same_v<B, backend::cuda> && F::on_device;
+    // Elements [first, first + n) of the tensor into dst (T: M or C), where `on_device` says.
+    auto draw = [&]<class T>(std::span<T> dst, std::size_t first, bool on_device) {
+      if constexpr (device) {
+        if (on_device) return ops::for_each(dst.size(), detail::drawn_into<T, M, F>{dst.data(), value, first});
+      }
+      std::vector<T> host(dst.size());
+      fill_parallel(host.size(), [&](std::size_t i) { host[i] = convert<T>(M(value(first + i))); });
+      ops::copy_from_host(dst, std::span<const T>(host));
+    };
+    if (const piece p = rules::range_piece(L, t, comm_.rank(), part_); !p.empty())
+      draw(main_weights(u).subspan(p.shard_begin, p.count), p.tensor_begin,
+           rules::main_aliases_compute || !offloaded_[u]);
     const piece c = strategy::shards_params ? L.piece_of(t, comm_.rank()) : piece{0, s.offset, s.numel};
-    if (c.empty()) return;
-    std::vector<C> host(c.count);
-    fill_parallel(host.size(), [&](std::size_t i) { host[i] = convert<C>(M(value(c.tensor_begin + i))); });
-    ops::copy_from_host(units_[u].weights.span().subspan(c.shard_begin, c.count), std::span<const C>(host));
+    if (!c.empty()) draw(units_[u].weights.span().subspan(c.shard_begin, c.count), c.tensor_begin, true);
+    if constexpr (device) ops::synchronize();  // what follows may read these buffers from the host (staged paths)
   }
   //! The whole padded unit of main weights on every rank's host, in shard
   //! order (rank 0's shard, rank 1's, ...; the compute layout under a flat
