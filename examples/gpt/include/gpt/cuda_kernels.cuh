@@ -326,7 +326,8 @@ std::size_t cross_entropy_cache_limit() {
 }
 
 //! Launches cross_entropy_kernel over `rows` rows on stream s: the cached
-//! form (512 threads) where a row fits in shared memory, else the two-read one.
+//! form (512 threads) where a row fits in shared memory, else the one that
+//! reads the row from global memory in each of its three passes.
 template <class C>
 void cross_entropy(C* z, const std::uint16_t* target, int V, int ld, float scale, bool grad, double* loss,
                    std::size_t rows, cudaStream_t s, bool allow_cache = true) {
