@@ -26,7 +26,8 @@
 # Text: $TESSERA_GPT_TEXT, a plain-text English file (the machine has no
 # fortunes package: carry one).
 #  - multi: GPT-2 at every GPU of the machine beside PyTorch FSDP2 (issue 39's part; a dry run at one).
-#  - init: initial weights drawn on the device equal at 1, 2 and 3 ranks, and the host's.
+#  - init: initial weights drawn on the device equal at 1, 2 and 3 ranks, and the host's;
+#    tessera-bench-init: each init_param call's time against its draws alone (1.5B).
 # TESSERA_GPT_PARTS="kernels curves torch hf init speed variants profile learn multi" picks parts.
 gpt_text=${TESSERA_GPT_TEXT:-}
 gpt_parts=${TESSERA_GPT_PARTS:-kernels curves torch hf speed}
@@ -100,6 +101,13 @@ else
     if python3 tests/gpt/compare_dumps.py "$dump/host.safetensors" "$dump/cuda-np1.safetensors" 64 1 \
          >"$LOGS/gpt-init-host.txt" 2>&1; then log "PASS gpt init, cuda = host: $(tail -1 "$LOGS/gpt-init-host.txt")"
     else log "FAIL gpt init, cuda = host: $(tail -1 "$LOGS/gpt-init-host.txt")"; status=1; fi
+    # Where init_model's seconds go: each init_param call against the same draws alone, twice
+    # (the first pass pays kernel loading), at 1.5B; again with every kernel loaded up front.
+    if [ -x "$bin/tessera-bench-init" ]; then
+      "$bin/tessera-bench-init" --model gpt2-xl --json "$OUT/gpt-init-bench.json" 2>&1 | tee -a "$OUT/summary.txt" || status=1
+      CUDA_MODULE_LOADING=EAGER "$bin/tessera-bench-init" --model gpt2-xl --passes 1 2>&1 | sed 's/^/EAGER loading: /' \
+        | tee -a "$OUT/summary.txt" || status=1
+    else log "SKIP tessera-bench-init: not in $bin"; fi
     grep -ho '"init_s":[0-9.]*' "$LOGS"/gpt-init-*.log | tr '\n' ' ' | sed 's/^/init seconds (cuda np1 np2 np3, host): /' | tee -a "$OUT/summary.txt"
     echo | tee -a "$OUT/summary.txt"
     rm -rf "$dump"
