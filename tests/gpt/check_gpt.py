@@ -4,7 +4,9 @@
    alone reproduces the trainer's validation loss (fp32, 2 ranks, sharded,
    a vocabulary padded from 300 to 384);
 2. a checkpoint resumes bit-exact across world sizes and wrappers (3 steps
-   + 3 steps on other ranks = 6 steps in one run: the same dumped weights);
+   + 3 steps on other ranks = 6 steps in one run: the same dumped weights),
+   and refuses a resume that would change the global batch, or cross between
+   --deterministic and not, or change a deterministic run's --batch;
 3. tools/text_to_shard.py makes a shard the trainer reads, and --sample prints text;
 4. bad input ends with one 'tessera:' line and exit 2 on every rank.
 
@@ -105,6 +107,22 @@ if 'nothing to train' not in res.stdout:
 res = run(2, small + ['--steps', '6', '--load', ck, '--batch', '3'], expect_rc=None)
 if res.returncode == 0 or 'global batches of 4 sequences' not in res.stderr:
     failures.append(f'a resume with another global batch was not refused: {res.stderr[-300:]}')
+# A deterministic run's bits depend on its micro-batch: it resumes only from a
+# deterministic checkpoint of the same --batch, and a plain run not from one
+# (each global batch of 4 sequences, so only the determinism differs). Found
+# after MPI started, so every rank prints it and the job ends (mpi_main).
+dck = os.path.join(tmp, 'dck')
+run(1, small + ['--steps', '3', '--save', dck, '--deterministic', '--accum', '2', '--batch', '2'])
+for np_, args, ck_, want in [
+        (2, ['--deterministic', '--accum', '2', '--batch', '2'], ck, 'written without --deterministic'),
+        (2, ['--batch', '2'], dck, 'written with --deterministic --batch 2'),
+        (1, ['--deterministic', '--accum', '4', '--batch', '1'], dck, 'written with --deterministic --batch 2')]:
+    res = run(np_, small + ['--steps', '6', '--load', ck_] + args, expect_rc=None)
+    if res.returncode == 0 or want not in res.stderr or 'resume it the same way' not in res.stderr:
+        failures.append(f'{np_} ranks {shlex.join(args)} resumed from {os.path.basename(ck_)} (exit {res.returncode}), '
+                        f'expected "{want}": {res.stderr[-300:]}')
+res = run(2, small + ['--steps', '6', '--load', dck, '--deterministic', '--accum', '2', '--batch', '2'])
+print('deterministic resume: refused across determinism and micro-batch, accepted at the same --batch on 2 ranks')
 
 # 3. Text to shard, training on it, and a sample.
 text = os.path.join(tmp, 'text.txt')
