@@ -102,27 +102,14 @@ inline int parse(int argc, char** argv, options& o) {
       ->check(CLI::IsMember({"auto", "on", "off"}));
   if (const int rc = trainer_kit::parse_command_line(app, argc, argv); rc >= 0) return rc;
   const auto bad = trainer_kit::bad_option;
-  if (!o.model.empty()) {
-    model_shape p;
-    preset(o.model, p);
-    for (const char* f : {"--layers", "--heads", "--d"})
-      if (app.count(f)) return bad(std::string("--model ") + o.model + " sets " + f + "; drop one of them");
-    o.shape.layers = p.layers, o.shape.heads = p.heads, o.shape.d = p.d;
-    if (!app.count("--vocab")) o.shape.vocab = p.vocab;
-    if (!app.count("--seq")) o.shape.seq = p.seq;
-  }
-  if (!o.model.empty() && !app.count("--max-seq")) o.shape.max_seq = 1024;
+  if (const std::string e = resolve_shape(o.model, o.shape, [&](const char* f) { return app.count(f) > 0; }); !e.empty())
+    return bad(e);
   // NaN passes every range check (each comparison is false) and would turn the watchdog off.
   if (std::isnan(o.timeout)) return bad("--timeout nan is not a number of seconds (0 turns the watchdog off)");
   if (!std::isfinite(o.lr) || o.lr > 10) return bad("--lr " + std::to_string(o.lr) + " is not a learning rate (0 < lr <= 10)");
   if (!std::isfinite(o.min_lr) || o.min_lr > o.lr) return bad("--min-lr must be finite and at most --lr");
   if (!std::isfinite(o.clip) || !std::isfinite(o.weight_decay) || o.weight_decay > 10)
     return bad("--clip and --weight-decay must be finite (and --weight-decay at most 10)");
-  if (o.shape.d % o.shape.heads != 0)
-    return bad("--heads " + std::to_string(o.shape.heads) + " does not divide --d " + std::to_string(o.shape.d));
-  if (o.shape.seq > o.shape.positions())
-    return bad("--seq " + std::to_string(o.shape.seq) + " is longer than the position table's " +
-               std::to_string(o.shape.positions()) + " rows (--max-seq)");
   if ((o.text || o.data.empty()) && o.shape.vocab < 256)
     return bad("byte-level text needs --vocab 256 or more (it is " + std::to_string(o.shape.vocab) + ")");
   if (o.steps == 0 && o.save.empty() && o.dump_weights.empty())

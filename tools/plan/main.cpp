@@ -129,24 +129,15 @@ int cmd_memory(const options& o) { return print_memory(o, evaluate_or_throw(o, t
 
 //! tessera-gpt's memory: the model from --model and the GPT shape flags.
 int cmd_gpt_memory(options& o, gpt_model& g, const CLI::App& a) {
-  if (g.name != "gpt") {
-    gpt::model_shape p;
-    (void)gpt::preset(g.name, p);
-    for (const char* f : {"--layers", "--heads", "--d"})
-      if (a.count(f)) throw tessera::error(std::string("--model ") + g.name + " sets " + f + "; drop one of them");
-    g.shape.layers = p.layers, g.shape.heads = p.heads, g.shape.d = p.d;
-    if (!a.count("--vocab")) g.shape.vocab = p.vocab;
-    if (!a.count("--seq")) g.shape.seq = p.seq;
-    if (!a.count("--max-seq")) g.shape.max_seq = 1024;
-  } else {  // tessera-gpt's defaults where a flag is not given (the MLP's --layers / --d are shared)
+  if (g.name == "gpt") {  // tessera-gpt's defaults where a flag is not given (the MLP's --layers / --d are shared)
     if (!a.count("--layers")) o.layers = gpt::model_shape{}.layers;
     if (!a.count("--d")) o.d = gpt::model_shape{}.d;
     g.shape.layers = o.layers, g.shape.d = o.d;
   }
-  if (g.shape.heads < 1 || g.shape.d % g.shape.heads != 0)
-    throw tessera::error("--heads " + std::to_string(g.shape.heads) + " does not divide --d " + std::to_string(g.shape.d));
-  if (g.shape.seq > g.shape.positions())
-    throw tessera::error("--seq " + std::to_string(g.shape.seq) + " is longer than the position table (--max-seq)");
+  if (const std::string e = gpt::resolve_shape(g.name == "gpt" ? "" : g.name, g.shape,
+                                               [&](const char* f) { return a.count(f) > 0; });
+      !e.empty())
+    throw tessera::error(e);
   const int S = o.shard_group > 0 ? o.shard_group : o.gpus;
   if (o.gpus % S != 0)
     throw tessera::error("--shard-group " + std::to_string(S) + " does not divide --gpus " + std::to_string(o.gpus));

@@ -64,6 +64,32 @@ inline bool preset(const std::string& name, model_shape& s) {
   return false;
 }
 
+//! The shape from the command line, as tessera-gpt and tessera-plan read it:
+//! `s` holds the flags' values (or their defaults) and given(flag) says
+//! whether a flag was on the command line. A preset sets layers, heads and d
+//! (giving one of those too is an error), and vocabulary, context and a
+//! 1024-row position table where those flags are absent. Returns "" or the
+//! problem, in the flags' terms (the callers report it their own way).
+template <class Given>
+[[nodiscard]] std::string resolve_shape(const std::string& preset_name, model_shape& s, Given&& given) {
+  if (!preset_name.empty()) {
+    model_shape p;
+    if (!preset(preset_name, p)) return "--model " + preset_name + " is not a GPT-2 size";
+    for (const char* f : {"--layers", "--heads", "--d"})
+      if (given(f)) return "--model " + preset_name + " sets " + f + "; drop one of them";
+    s.layers = p.layers, s.heads = p.heads, s.d = p.d;
+    if (!given("--vocab")) s.vocab = p.vocab;
+    if (!given("--seq")) s.seq = p.seq;
+    if (!given("--max-seq")) s.max_seq = 1024;
+  }
+  if (s.heads < 1 || s.d % s.heads != 0)
+    return "--heads " + std::to_string(s.heads) + " does not divide --d " + std::to_string(s.d);
+  if (s.seq > s.positions())
+    return "--seq " + std::to_string(s.seq) + " is longer than the position table's " + std::to_string(s.positions()) +
+           " rows (--max-seq)";
+  return {};
+}
+
 struct block_ids {
   tessera::unit_id unit;
   tessera::param_id ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fc_proj_w, fc_proj_b;
