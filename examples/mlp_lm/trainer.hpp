@@ -69,6 +69,8 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
   // --save's directory is this job's for its whole life: a second job saving
   // there fails now, not after the two have mixed their checkpoints.
   const auto claim = o.save.empty() ? checkpoint::root_claim{} : checkpoint::claim_root(world, o.save);
+  // --dump-weights's file is written after the run: a bad path is found now.
+  if (!o.dump_weights.empty()) trainer_kit::check_output_file(world, "--dump-weights", o.dump_weights);
 
   memory_of<B>().reset_peak();
   memory_of<host_resident>().reset_peak();

@@ -123,6 +123,14 @@ for np_, args, ck_, want in [
                         f'expected "{want}": {res.stderr[-300:]}')
 res = run(2, small + ['--steps', '6', '--load', dck, '--deterministic', '--accum', '2', '--batch', '2'])
 print('deterministic resume: refused across determinism and micro-batch, accepted at the same --batch on 2 ranks')
+# --dump-weights is written after the run: a path that cannot take the file is
+# refused before the first step, on every rank, not after the run is spent.
+for bad_path, want in [(tmp, 'is a directory'), (os.path.join(tmp, 'none', 'w.safetensors'), 'cannot create a file')]:
+    res = run(2, small + ['--steps', '6', '--dump-weights', bad_path], expect_rc=None)
+    said = [l for l in res.stderr.splitlines() if l.startswith('tessera:') and want in l]
+    if res.returncode == 0 or len(said) != 2 or any(l.startswith('step') for l in res.stdout.splitlines()):
+        failures.append(f'--dump-weights {bad_path}: expected "{want}" on both ranks before any step '
+                        f'(exit {res.returncode}):\n{res.stdout[-300:]}\n{res.stderr[-600:]}')
 
 # 3. Text to shard, training on it, and a sample.
 text = os.path.join(tmp, 'text.txt')

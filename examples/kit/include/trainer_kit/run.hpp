@@ -3,12 +3,14 @@
 // share outside their models: memory accounting, the test hooks (checkpoint
 // crashes, injected faults), the command-line agreement across ranks, the
 // final weights as one file, and eager steps where a net offers no step graph.
+#include <cerrno>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
@@ -113,6 +115,31 @@ inline void fault_hook(int rank, long step) {
   else if (k == "kill") std::raise(SIGKILL);
   else if (k == "error") throw tessera::error("TESSERA_TEST_FAULT: an error on rank " + std::to_string(rank) + " only");
   else if (k == "busy") for (volatile bool forever = true; forever;) {}
+}
+
+//! Whether `path` can take the file `flag` writes at the end of the run,
+//! checked before training (a bad path found only then loses the run): it is
+//! not a directory and its folder takes a file (the writer's `path.tmp`,
+//! created and removed here), probed by rank 0, the writer. A tessera: error
+//! naming the flag on every rank where not. Collective.
+inline void check_output_file(tessera::comm::mpi& world, std::string_view flag, const std::string& path) {
+  namespace fs = std::filesystem;
+  std::exception_ptr err;
+  if (world.rank() == 0) try {
+      std::error_code ec;
+      if (fs::is_directory(path, ec))
+        throw tessera::error(std::string(flag) + " " + path + " is a directory; give the file to write");
+      const fs::path probe = path + ".tmp";
+      std::FILE* f = std::fopen(probe.c_str(), "wb");
+      if (!f)
+        throw tessera::error(std::string(flag) + " " + path + ": cannot create a file in '" +
+                             fs::absolute(probe, ec).parent_path().string() + "': " + std::strerror(errno));
+      std::fclose(f);
+      fs::remove(probe, ec);
+    } catch (...) {
+      err = std::current_exception();
+    }
+  tessera::comm::agree_or_throw(world, err, std::string("checking ") + std::string(flag));
 }
 
 //! The final weights, gathered, as one safetensors file written by rank 0
