@@ -18,7 +18,9 @@
 #    (optim_grads_params), fsdp and ddp (no_shard), and --recompute, beside
 #    torch.compile in the same call;
 #  - profile: the last step of $TESSERA_GPT_PROFILE (gpt2:8) under ncu, every
-#    kernel alone, summed by class (bench/ncu_step_summary.py);
+#    kernel alone, summed by class with its DRAM bytes against the device copy
+#    and the schedule's floor (bench/ncu_step_summary.py), the products in their
+#    fused forms (TESSERA_PRODUCT_FORMS=fused);
 #  - learn: GPT-2 124M's shape over bytes trained on $TESSERA_GPT_PROSE/prose-train.txt
 #    (bench/gpu/make_prose.sh makes it, 13 MB) for $TESSERA_GPT_LEARN_STEPS (1200)
 #    steps, the held-out prose-val.txt every 50 steps; the validation loss must
@@ -213,21 +215,41 @@ else
     # One step of tessera-gpt (the last, an NVTX range) under Nsight Compute, every kernel timed alone.
     model=${TESSERA_GPT_PROFILE:-gpt2:8}
     b=${model##*:} model=${model%%:*}
+    # Each kernel's DRAM bytes too (TESSERA_GPT_PROFILE_BYTES=0: times only, fewer replays), set
+    # against the device copy's speed measured here: the schedule's floor (ncu_step_summary.py).
+    metrics=gpu__time_duration.sum summary_args=()
+    if [ "${TESSERA_GPT_PROFILE_BYTES:-1}" = 1 ]; then
+      copy_gbs=$(python3 - <<'PY'
+import torch
+a = torch.randn(1 << 28, device="cuda"); b = torch.empty_like(a)
+for _ in range(3): b.copy_(a)
+s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+s.record()
+for _ in range(10): b.copy_(a)
+e.record(); torch.cuda.synchronize()
+print(f"{2 * a.numel() * 4 * 10 / (s.elapsed_time(e) * 1e-3) / 1e9:.0f}")
+PY
+)
+      log "device copy (read + write) for the profile's floor: $copy_gbs GB/s"
+      metrics+=,dram__bytes_read.sum,dram__bytes_write.sum summary_args=(--copy-gbs "$copy_gbs")
+    fi
     # ncu_step NAME LABEL NCU-FLAGS... -- COMMAND...: one step under ncu, every kernel timed alone, summed by class.
     ncu_step() {
       local name=$1 label=$2; shift 2
       local flags=(); while [ "$1" != -- ]; do flags+=("$1"); shift; done; shift
-      if ncu "${flags[@]}" --clock-control none --metrics gpu__time_duration.sum --csv "$@" \
+      if ncu "${flags[@]}" --clock-control none --metrics "$metrics" --csv "$@" \
            >"$OUT/profile-$name.csv" 2>"$LOGS/profile-$name.err"; then
-        python3 bench/ncu_step_summary.py "$OUT/profile-$name.csv" >"$OUT/profile-$name.txt" 2>&1
+        python3 bench/ncu_step_summary.py "$OUT/profile-$name.csv" "${summary_args[@]}" >"$OUT/profile-$name.txt" 2>&1
         log "$label: $(grep -F '**sum**' "$OUT/profile-$name.txt" | head -1)"
-        tail -25 "$OUT/profile-$name.txt" | tee -a "$OUT/summary.txt"
+        grep -A40 '^| kernels of one step' "$OUT/profile-$name.txt" | tee -a "$OUT/summary.txt"
       else
         log "FAIL $label"; tail -5 "$LOGS/profile-$name.err"; status=1
       fi
     }
+    # The fused forms, which a normal run's timing picks (its JSON `products`): under ncu's replay that
+    # timing is distorted and picked separate bias adds for proj and fc_proj.
     ncu_step gpt-$model "gpt profile $model" --nvtx --nvtx-include "tessera-step/" -- \
-      "$bin/tessera-gpt" --backend cuda --model $model --precision bf16 --batch $b --steps 2 --data "$gpt_text" --text
+      env TESSERA_PRODUCT_FORMS=fused "$bin/tessera-gpt" --backend cuda --model $model --precision bf16 --batch $b --steps 2 --data "$gpt_text" --text
     # The same step of PyTorch with torch.compile (TESSERA_GPT_PROFILE_TORCH=1): its last step, between
     # cudaProfilerStart and Stop (autograd's threads launch the backward: an NVTX range would miss them).
     if [ "${TESSERA_GPT_PROFILE_TORCH:-0}" = 1 ]; then

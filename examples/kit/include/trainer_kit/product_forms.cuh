@@ -9,10 +9,13 @@
 #include <array>
 #include <cstddef>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "tessera/backend/cuda/stream.hpp"
+#include "tessera/core/error.hpp"
 
 namespace trainer_kit {
 
@@ -24,7 +27,13 @@ public:
 
   //! Product p may run fused (`available`: cuBLASLt has the fused form at this
   //! shape), to be decided by timing; else it always runs separate.
-  void allow(std::size_t p, bool available) { choice_.at(p) = available ? unmeasured : 0; }
+  //! TESSERA_PRODUCT_FORMS=fused or separate decides without timing (a
+  //! profiler's replay distorts the timing: profile the forms a normal run
+  //! chose, which its JSON `products` names); unset or `timed`: timing.
+  void allow(std::size_t p, bool available) {
+    const int forced = forced_form();
+    choice_.at(p) = forced == unmeasured ? (available ? unmeasured : 0) : forced == 1 && available ? 1 : 0;
+  }
   //! Forces product p fused (if `available`) or separate, with no timing.
   void force(std::size_t p, bool fused, bool available) { choice_.at(p) = fused && available ? 1 : 0; }
   //! 1 fused, 0 separate, unmeasured: not yet run.
@@ -73,6 +82,14 @@ public:
   }
 
 private:
+  // TESSERA_PRODUCT_FORMS: 1 fused, 0 separate, unmeasured (timed) when unset.
+  static int forced_form() {
+    const char* e = std::getenv("TESSERA_PRODUCT_FORMS");
+    const std::string_view v = e ? e : "timed";
+    if (v == "timed") return unmeasured;
+    if (v == "fused" || v == "separate") return v == "fused" ? 1 : 0;
+    throw tessera::error("TESSERA_PRODUCT_FORMS=" + std::string(v) + " is not one of fused, separate, timed");
+  }
   std::array<const char*, N> names_;
   std::array<int, N> choice_{};
   std::array<std::pair<float, float>, N> timings_{};
