@@ -20,7 +20,7 @@ int main(int argc, char** argv) {
   std::optional<gpt::datasets> sets;
   try {
     sets.emplace(gpt::corpus(o.data, o.text, o.shape.vocab, o.shape.seq), std::nullopt);
-    if (!o.val_data.empty()) sets->val.emplace(o.val_data, o.text, o.shape.vocab, o.shape.seq);
+    if (!o.val_data.empty()) sets->val.emplace(o.val_data, o.text, o.shape.vocab, o.shape.seq, "--val-data");
   } catch (const tessera::error& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 2;

@@ -160,6 +160,8 @@ cases = [
     (small + ['--data', bad_version], 'token shard version 3'),
     (small + ['--data', short], 'shorter than its header says'),
     (small + ['--data', os.path.join(tmp, 'none-*.bin')], 'no file matches it'),
+    (small + ['--val-data', os.path.join(tmp, 'noval-*.bin')], '--val-data ' + os.path.join(tmp, 'noval-*.bin')),
+    (small + ['--val-data', short], "'" + short + "' is shorter than its header says"),
     (['--model', 'gpt3'], 'gpt3'),
     (['--val-every', '5'], '--val-every needs --val-data'),
     (['--timeout', 'nan'], '--timeout nan'),

@@ -24,6 +24,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tessera/core/error.hpp"
@@ -70,15 +71,16 @@ inline void write_shard(const std::string& path, const std::vector<std::uint16_t
   TESSERA_CHECK(f.good(), "cannot write '", path, "'");
 }
 
-//! The paths a --data argument names: the file itself, or a glob's matches in order.
-inline std::vector<std::string> expand(const std::string& spec) {
+//! The paths a --data argument names: the file itself, or a glob's matches in
+//! order (`flag`: the option that named them, for the message).
+inline std::vector<std::string> expand(const std::string& spec, std::string_view flag = "--data") {
   if (std::filesystem::exists(spec)) return {spec};
   glob_t g{};
   std::vector<std::string> out;
   if (::glob(spec.c_str(), 0, nullptr, &g) == 0)
     for (std::size_t i = 0; i < g.gl_pathc; ++i) out.emplace_back(g.gl_pathv[i]);
   ::globfree(&g);
-  TESSERA_CHECK(!out.empty(), "--data ", spec, ": no such file, and no file matches it as a glob");
+  TESSERA_CHECK(!out.empty(), flag, " ", spec, ": no such file, and no file matches it as a glob");
   return out;
 }
 
@@ -123,8 +125,10 @@ public:
   //! `spec`: --data (a shard, a glob of shards, or "" for the default text);
   //! `text`: read the files as bytes instead of shards. Checks every token
   //! against `vocab` and that a sequence of `seq` + 1 tokens fits somewhere.
-  corpus(const std::string& spec, bool text, int vocab, int seq) : seq_(std::size_t(seq)) {
-    const std::vector<std::string> paths = spec.empty() ? default_text_files() : expand(spec);
+  //! `flag`: the option that named the files (--data, --val-data), for the messages.
+  corpus(const std::string& spec, bool text, int vocab, int seq, std::string_view flag = "--data")
+      : seq_(std::size_t(seq)) {
+    const std::vector<std::string> paths = spec.empty() ? default_text_files() : expand(spec, flag);
     for (const auto& p : paths) {
       token_file f = text || spec.empty() ? read_text(p) : read_shard(p);
       for (std::size_t i = 0; i < f.tokens.size(); ++i)
@@ -137,7 +141,7 @@ public:
         files_.push_back(std::move(f));
       }
     }
-    TESSERA_CHECK(windows_ > 0, "--data ", spec.empty() ? std::string("(the default text)") : spec, ": no file holds ",
+    TESSERA_CHECK(windows_ > 0, flag, " ", spec.empty() ? std::string("(the default text)") : spec, ": no file holds ",
                   seq + 1, " tokens (--seq ", seq, " + 1)");
   }
   [[nodiscard]] std::size_t files() const noexcept { return files_.size(); }
