@@ -30,20 +30,43 @@ void check(const fe::error_object& e, const char* what) {
   if (!e.is_good()) throw tessera::error(std::string("cuDNN attention: ") + what + ": " + e.err_msg);
 }
 
-//! libcudnn, loaded once (its own libraries come with it).
-void load_cudnn() {
-  static std::string failed = [] {
+//! The libcudnn calls made around the graphs, looked up in the library
+//! load_cudnn opens (the frontend's own wrappers for them are internal, in
+//! its detail namespace, not its API).
+struct cudnn_calls {
+  decltype(&cudnnCreate) create = nullptr;
+  decltype(&cudnnDestroy) destroy = nullptr;
+  decltype(&cudnnSetStream) set_stream = nullptr;
+  decltype(&cudnnGetVersion) version = nullptr;
+};
+
+//! libcudnn, loaded once (its own libraries come with it), and those calls.
+const cudnn_calls& load_cudnn() {
+  static cudnn_calls calls;
+  static const std::string failed = [] {
     fe::cudnn_dlhandle = dlopen("libcudnn.so.9", RTLD_NOW | RTLD_GLOBAL);
     if (!fe::cudnn_dlhandle) fe::cudnn_dlhandle = dlopen("libcudnn.so", RTLD_NOW | RTLD_GLOBAL);
-    const char* e = fe::cudnn_dlhandle ? nullptr : dlerror();
-    return fe::cudnn_dlhandle ? std::string() : std::string(e ? e : "not found");
+    if (!fe::cudnn_dlhandle) {
+      const char* e = dlerror();
+      return std::string(e ? e : "not found");
+    }
+    std::string missing;
+    auto find = [&]<class F>(F& f, const char* name) {
+      f = reinterpret_cast<F>(dlsym(fe::cudnn_dlhandle, name));
+      if (!f) missing += std::string(missing.empty() ? "" : ", ") + name;
+    };
+    find(calls.create, "cudnnCreate"), find(calls.destroy, "cudnnDestroy");
+    find(calls.set_stream, "cudnnSetStream"), find(calls.version, "cudnnGetVersion");
+    return missing.empty() ? missing : "it has no " + missing;
   }();
   if (!failed.empty()) throw tessera::error("cuDNN attention: cannot load libcudnn.so.9 (" + failed + ")");
+  return calls;
 }
 }  // namespace
 
 struct cudnn_attention::impl {
   int B, T, H, hd;
+  const cudnn_calls& cudnn = load_cudnn();
   cudnnHandle_t handle = nullptr;
   std::shared_ptr<fe::graph::Graph> fwd, bwd;
   tessera::cuda::buffer<std::byte> workspace;
@@ -83,13 +106,8 @@ struct cudnn_attention::impl {
   }
 
   impl(int B_, int T_, int H_, int hd_) : B(B_), T(T_), H(H_), hd(hd_), scale(float(1.0 / std::sqrt(double(hd_)))) {
-    load_cudnn();
-    try {
-      if (fe::detail::create_handle(&handle) != CUDNN_STATUS_SUCCESS) throw tessera::error("cuDNN attention: cudnnCreate failed");
-    } catch (const std::runtime_error& e) {  // the frontend's loader: a missing symbol or library
-      if (dynamic_cast<const tessera::error*>(&e)) throw;
-      throw tessera::error(std::string("cuDNN attention: ") + e.what());
-    }
+    if (const cudnnStatus_t rc = cudnn.create(&handle); rc != CUDNN_STATUS_SUCCESS)
+      throw tessera::error("cuDNN attention: cudnnCreate failed (status " + std::to_string(int(rc)) + ")");
     try {
       fwd = new_graph();
       {
@@ -126,18 +144,18 @@ struct cudnn_attention::impl {
       check(bwd->get_workspace_size(wb), "get_workspace_size");
       workspace = tessera::cuda::buffer<std::byte>(std::size_t(std::max<std::int64_t>({ws, wb, 0})));
     } catch (const tessera::error&) {
-      fe::detail::destroy_handle(handle);
+      cudnn.destroy(handle);
       throw;
     } catch (const std::exception& e) {
-      fe::detail::destroy_handle(handle);
+      cudnn.destroy(handle);
       throw tessera::error(std::string("cuDNN attention: ") + e.what());
     }
   }
   ~impl() {
-    if (handle) fe::detail::destroy_handle(handle);
+    if (handle) cudnn.destroy(handle);
   }
   void run(const fe::graph::Graph& g, std::unordered_map<std::int64_t, void*>& pack, cudaStream_t s) {
-    if (fe::detail::set_stream(handle, s) != CUDNN_STATUS_SUCCESS)
+    if (cudnn.set_stream(handle, s) != CUDNN_STATUS_SUCCESS)
       throw tessera::error("cuDNN attention: cudnnSetStream failed");
     pack[scale_uid] = &scale;
     check(g.execute(handle, pack, workspace.data()), "execute");
@@ -148,8 +166,7 @@ bool cudnn_attention::compiled() noexcept { return true; }
 std::string cudnn_attention::version() {
   std::size_t v = 0;
   try {
-    load_cudnn();
-    v = fe::detail::get_backend_version();
+    v = load_cudnn().version();
   } catch (const std::exception& e) {
     return std::string("cuDNN not loaded: ") + e.what();
   }

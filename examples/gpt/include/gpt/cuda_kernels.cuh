@@ -10,10 +10,12 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cfloat>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <type_traits>
 
 #include "tessera/backend/cuda/error.hpp"
@@ -309,20 +311,27 @@ __global__ void cross_entropy_kernel(C* z, const std::uint16_t* target, int V, i
   }
 }
 
-//! The largest row (bytes) cross_entropy() keeps in shared memory: the
-//! device's opt-in limit less the kernel's static arrays, once per process.
+//! The largest row (bytes) cross_entropy() keeps in shared memory on the
+//! current device: its opt-in limit less the kernel's static arrays, raised
+//! for the kernel once per device (the attribute is the device's; a process
+//! may drive several). Past 64 devices: 0, the streamed form.
 template <class C>
 std::size_t cross_entropy_cache_limit() {
-  static const std::size_t limit = [] {
-    int dev = 0, optin = 0;
-    TESSERA_CUDA(cudaGetDevice(&dev));
+  constexpr int max_devices = 64;
+  static std::array<std::once_flag, max_devices> once;
+  static std::array<std::size_t, max_devices> limit{};
+  int dev = 0;
+  TESSERA_CUDA(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= max_devices) return 0;
+  std::call_once(once[std::size_t(dev)], [dev] {
+    int optin = 0;
     TESSERA_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     const std::size_t bytes = std::size_t(optin) > 1024 ? std::size_t(optin) - 1024 : 0;
     TESSERA_CUDA(cudaFuncSetAttribute(cross_entropy_kernel<C, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       int(bytes)));
-    return bytes;
-  }();
-  return limit;
+    limit[std::size_t(dev)] = bytes;
+  });
+  return limit[std::size_t(dev)];
 }
 
 //! Launches cross_entropy_kernel over `rows` rows on stream s: the cached
