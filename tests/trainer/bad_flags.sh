@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every bad flag or value makes tessera-mlp-lm exit non-zero with one line that
-# starts with "tessera:", before it starts MPI.
+# starts with "tessera:", before it starts MPI; a --dump-weights path that
+# cannot take the file, before the first step.
 trainer=$1
 fail=0
 check() {
@@ -43,4 +44,12 @@ check --plan auto --shard-group 2
 check --topology t.json
 check --gpu-memory 80
 check --plan auto --gpu-memory -1
+# --dump-weights is written after the run: a path that cannot take the file is
+# refused before the first step (after MPI starts, so the job ends through it).
+out=$(OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "$trainer" --steps 3 --dump-weights / 2>&1); rc=$?
+if [ "$rc" -eq 0 ] || [[ "$out" != *"tessera: --dump-weights / is a directory"* ]] || [[ "$out" == *"step "* ]]; then
+  echo "FAIL: --dump-weights / -> exit $rc, output: $out"; fail=1
+else
+  echo "ok: --dump-weights / -> refused before the first step"
+fi
 exit $fail
