@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -39,6 +40,16 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+//! The draws init_param makes, through the initializer's public value():
+//! element i rounded to M (the main weights), then to T.
+template <class T, class M, class I>
+struct draw_into {
+  T* out;
+  I init;
+  std::uint64_t key;
+  __device__ void operator()(std::size_t i) const { out[i] = convert<T>(M(init.value(key, i))); }
+};
+
 //! What gpt::init_model calls, timed: init_param on the wrapper, then the
 //! draws it makes (main weights in M, compute weights in C) into scratch.
 template <class Wrapper>
@@ -50,18 +61,17 @@ struct timed_init {
   dbuf<C>& compute_scratch;
   std::vector<call> calls;
 
-  template <class I>
+  template <device_initializer I>
   void init_param(param_id p, const I& init) {
     const tensor_slot& s = m.slot(p);
     call c{m.layout(unit_id{p.unit}).name() + "." + s.spec.name, s.numel};
     const auto t0 = std::chrono::steady_clock::now();
     m.init_param(p, init);
     c.call_ms = 1e3 * seconds_since(t0);
-    const detail::drawn<I> f{init, key_of(c.name)};
+    const std::uint64_t key = key_of(c.name);
     c.draw_ms = time_ms([&] {
-      ops::for_each(c.numel, detail::drawn_into<M, M, detail::drawn<I>>{main_scratch.data(), f, 0});
-      if constexpr (!std::is_same_v<C, M>)
-        ops::for_each(c.numel, detail::drawn_into<C, M, detail::drawn<I>>{compute_scratch.data(), f, 0});
+      ops::for_each(c.numel, draw_into<M, M, I>{main_scratch.data(), init, key});
+      if constexpr (!std::is_same_v<C, M>) ops::for_each(c.numel, draw_into<C, M, I>{compute_scratch.data(), init, key});
     }, 0, 1);
     calls.push_back(std::move(c));
   }

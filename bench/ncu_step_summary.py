@@ -72,7 +72,9 @@ def kernels(path):
         if r[kid] not in got:
             order.append(r[kid])
             got[r[kid]] = {"name": r[name]}
-        got[r[kid]][r[metric]] = float(r[value].replace(",", "")) * UNITS.get(r[unit], 1.0)
+        if r[unit] not in UNITS:
+            sys.exit(f"tessera: {path}: unit '{r[unit]}' of {r[metric]} is not one this summary converts")
+        got[r[kid]][r[metric]] = float(r[value].replace(",", "")) * UNITS[r[unit]]
     for k in order:
         m = got[k]
         if "gpu__time_duration.sum" not in m:
@@ -109,13 +111,12 @@ def main():
         print(f"{us:9.1f} us  {c[:28]:28s}  {n[:100]}")
         by.setdefault(c, []).append((us, b))
     total = sum(us for _, us, _ in ks)
-    at_copy = (lambda b: b / (copy_gbs * 1e3)) if with_bytes else None  # bytes -> us at copy_gbs GB/s
     if with_bytes:
         print(f"\n| kernels of one step | launches | us | mean us | share | MB moved | us at copy speed | x its bytes |")
         print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     else:
         print(f"\n| kernels of one step | launches | us | mean us | share |\n| --- | --- | --- | --- | --- |")
-    floor = 0.0
+    floor = compute = 0.0  # the schedule's floor; its GEMM and attention part
     for label in [c for c, _ in CLASSES] + [OTHER]:
         if label not in by:
             continue
@@ -124,14 +125,15 @@ def main():
         row = f"| {label} | {len(v)} | {t:.1f} | {t / len(v):.1f} | {t / total:.1%} |"
         if with_bytes:
             moved = sum(b for _, b in v)
-            ideal = at_copy(moved)
-            bound = "arithmetic" if COMPUTE.match(label) else f"{t / ideal:.2f}" if ideal > 0 else "no DRAM traffic"
+            ideal = moved / (copy_gbs * 1e3)  # bytes -> us at copy_gbs GB/s
+            arithmetic = bool(COMPUTE.match(label))
+            bound = "arithmetic" if arithmetic else f"{t / ideal:.2f}" if ideal > 0 else "no DRAM traffic"
             row += f" {moved / 1e6:.1f} | {ideal:.1f} | {bound} |"
-            floor += t if COMPUTE.match(label) else min(t, ideal)
+            compute += t if arithmetic else 0.0
+            floor += t if arithmetic else min(t, ideal)
         print(row)
     print(f"| **sum** | {len(ks)} | **{total:.1f}** | | |" + (" | | |" if with_bytes else ""))
     if with_bytes:
-        compute = sum(us for n, us, _ in ks if COMPUTE.match(classify(n)))
         print(f"\nfloor of this schedule: GEMM and attention kernels as measured {compute:.1f} us + every other "
               f"kernel's DRAM bytes at {copy_gbs:.0f} GB/s {floor - compute:.1f} us = {floor:.1f} us; "
               f"the step's kernels sum to {total:.1f} us ({floor / total:.1%} of it is the floor)")

@@ -219,19 +219,11 @@ else
     # against the device copy's speed measured here: the schedule's floor (ncu_step_summary.py).
     metrics=gpu__time_duration.sum summary_args=()
     if [ "${TESSERA_GPT_PROFILE_BYTES:-1}" = 1 ]; then
-      copy_gbs=$(python3 - <<'PY'
-import torch
-a = torch.randn(1 << 28, device="cuda"); b = torch.empty_like(a)
-for _ in range(3): b.copy_(a)
-s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-s.record()
-for _ in range(10): b.copy_(a)
-e.record(); torch.cuda.synchronize()
-print(f"{2 * a.numel() * 4 * 10 / (s.elapsed_time(e) * 1e-3) / 1e9:.0f}")
-PY
-)
-      log "device copy (read + write) for the profile's floor: $copy_gbs GB/s"
-      metrics+=,dram__bytes_read.sum,dram__bytes_write.sum summary_args=(--copy-gbs "$copy_gbs")
+      copy_gbs=$(python3 bench/torch_adamw.py --log2-elements 28 --copy-only | awk '/^torch copy:/ {print $5}')
+      if [ -n "$copy_gbs" ]; then
+        log "device copy (read + write) for the profile's floor: $copy_gbs GB/s"
+        metrics+=,dram__bytes_read.sum,dram__bytes_write.sum summary_args=(--copy-gbs "$copy_gbs")
+      else log "FAIL device copy (bench/torch_adamw.py --copy-only): the profile has times only"; status=1; fi
     fi
     # ncu_step NAME LABEL NCU-FLAGS... -- COMMAND...: one step under ncu, every kernel timed alone, summed by class.
     ncu_step() {
