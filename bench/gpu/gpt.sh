@@ -28,9 +28,14 @@
 # Text: $TESSERA_GPT_TEXT, a plain-text English file (the machine has no
 # fortunes package: carry one).
 #  - multi: GPT-2 at every GPU of the machine beside PyTorch FSDP2 (issue 39's part; a dry run at one).
+#  - determinism: tests/trainer/check_determinism.py on the GPU (--deterministic: the same bits
+#    at any world size, strategy and wrapper; fp32 on the exact attention, bf16 on cuDNN's
+#    deterministic backward, bf16 at head dimension 64 with --attention flash; worlds
+#    $TESSERA_GPT_DET_WORLDS, default "1 2 3"), then its cost at $TESSERA_GPT_DET_SIZE (gpt2:8)
+#    beside the default path in the same call;
 #  - init: initial weights drawn on the device equal at 1, 2 and 3 ranks, and the host's;
 #    tessera-bench-init: each init_param call's time against its draws alone (1.5B).
-# TESSERA_GPT_PARTS="kernels curves torch hf init speed variants profile learn multi" picks parts.
+# TESSERA_GPT_PARTS="kernels curves torch hf init determinism speed variants profile learn multi" picks parts.
 gpt_text=${TESSERA_GPT_TEXT:-}
 gpt_parts=${TESSERA_GPT_PARTS:-kernels curves torch hf speed}
 if [ -z "$gpt_text" ] || [ ! -f "$gpt_text" ]; then
@@ -113,6 +118,31 @@ else
     grep -ho '"init_s":[0-9.]*' "$LOGS"/gpt-init-*.log | tr '\n' ' ' | sed 's/^/init seconds (cuda np1 np2 np3, host): /' | tee -a "$OUT/summary.txt"
     echo | tee -a "$OUT/summary.txt"
     rm -rf "$dump"
+  fi
+  if [[ " $gpt_parts " == *" determinism "* ]]; then
+    worlds=${TESSERA_GPT_DET_WORLDS:-1 2 3}
+    for spec in "fp32:" "bf16:" "bf16:--attention flash"; do
+      prec=${spec%%:*} flags=${spec#*:} tag=$prec${flags:+-flash}
+      shape=$([ -n "$flags" ] && echo "--layers 2 --heads 2 --d 128 --seq 80")
+      if TESSERA_DET_WORLDS="$worlds" TESSERA_DET_GPT_SHAPE="${shape:---layers 2 --heads 2 --d 32 --seq 16}" \
+           timeout 400 python3 tests/trainer/check_determinism.py mpirun "$bin/tessera-gpt" "$prec" --backend cuda $flags \
+           >"$LOGS/gpt-determinism-$tag.log" 2>&1; then
+        log "PASS gpt determinism (cuda, $prec $flags): $(grep -c '^ok' "$LOGS/gpt-determinism-$tag.log") checks"
+      else
+        log "FAIL gpt determinism (cuda, $prec $flags)"; tail -20 "$LOGS/gpt-determinism-$tag.log"; status=1
+      fi
+      grep -E '^(ok|FAIL|reference)' "$LOGS/gpt-determinism-$tag.log" | sed "s/^/$tag /" >>"$OUT/gpt-determinism.txt"
+    done
+    # What --deterministic costs: the same model and batch, default then deterministic (one micro-batch a step).
+    spec=${TESSERA_GPT_DET_SIZE:-gpt2:8}
+    model=${spec%%:*} b=${spec##*:}
+    for v in default deterministic; do
+      timeout 300 "$bin/tessera-gpt" --backend cuda --model $model --precision bf16 --batch $b --steps 12 --log-every 1 \
+        --json --data "$gpt_text" --text $([ $v = deterministic ] && echo --deterministic) \
+        >"$OUT/gpt-det-$model-$v.json" 2>"$LOGS/gpt-det-$model-$v.err" || status=1
+    done
+    python3 bench/gpt_speed_summary.py "$OUT/gpt-det-$model-deterministic.json" "$OUT/gpt-det-$model-default.json" \
+      | tee -a "$OUT/summary.txt"
   fi
   if [[ " $gpt_parts " == *" speed "* ]]; then
     # Each size at its batch, tessera-gpt then PyTorch eager and (TESSERA_GPT_COMPILE=1) torch.compile,

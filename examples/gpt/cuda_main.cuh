@@ -10,7 +10,9 @@
 
 namespace gpt {
 
-inline int run_cuda(const options& o, tessera::comm::mpi& world, const datasets& sets) {
+//! R: the gradients' reduction (exact_reduction under --deterministic: exact_cuda.cu).
+template <class R = tessera::float_reduction>
+int run_cuda(const options& o, tessera::comm::mpi& world, const datasets& sets) {
   using namespace tessera;
   const trainer_kit::gpu_placement where = trainer_kit::place_on_gpu(world.rank());
   const std::string which = where.communicator("auto");
@@ -22,10 +24,10 @@ inline int run_cuda(const options& o, tessera::comm::mpi& world, const datasets&
                 which == "nccl" ? "NCCL" : "MPI staged through pinned host memory");
   if (which == "nccl") {
     comm::nccl c(world, comm::nccl_options{.timeout_s = o.timeout, .order_check = o.order_check == "on"});
-    return dispatch<backend::cuda, cuda_gpt>(o, world, c, sets);
+    return dispatch<backend::cuda, cuda_gpt, R>(o, world, c, sets);
   }
   comm::mpi_device c(comm::mpi_options{.timeout_s = o.timeout, .order_check = o.order_check != "off"});
-  return dispatch<backend::cuda, cuda_gpt>(o, world, c, sets);
+  return dispatch<backend::cuda, cuda_gpt, R>(o, world, c, sets);
 }
 
 }  // namespace gpt

@@ -66,6 +66,7 @@ const cudnn_calls& load_cudnn() {
 
 struct cudnn_attention::impl {
   int B, T, H, hd;
+  bool deterministic;
   const cudnn_calls& cudnn = load_cudnn();
   cudnnHandle_t handle = nullptr;
   std::shared_ptr<fe::graph::Graph> fwd, bwd;
@@ -105,7 +106,8 @@ struct cudnn_attention::impl {
     check(g.build_plans(handle), "build_plans");
   }
 
-  impl(int B_, int T_, int H_, int hd_) : B(B_), T(T_), H(H_), hd(hd_), scale(float(1.0 / std::sqrt(double(hd_)))) {
+  impl(int B_, int T_, int H_, int hd_, bool det)
+      : B(B_), T(T_), H(H_), hd(hd_), deterministic(det), scale(float(1.0 / std::sqrt(double(hd_)))) {
     if (const cudnnStatus_t rc = cudnn.create(&handle); rc != CUDNN_STATUS_SUCCESS)
       throw tessera::error("cuDNN attention: cudnnCreate failed (status " + std::to_string(int(rc)) + ")");
     try {
@@ -132,7 +134,7 @@ struct cudnn_attention::impl {
                                   .set_stride({1LL * H * T, T, 1, 1}).set_uid(stats_uid)
                                   .set_data_type(fe::DataType_t::FLOAT));
         auto opt = fe::graph::SDPA_backward_attributes().set_name("attention_backward").set_causal_mask(true)
-                       .set_attn_scale(scale_tensor(g));
+                       .set_attn_scale(scale_tensor(g)).set_deterministic_algorithm(deterministic);
         auto [dq, dk, dv] = g.sdpa_backward(q, k, v, o, dO, stats, opt);
         dq->set_output(true).set_dim(dims()).set_stride(qkv_stride()).set_uid(dq_uid);
         dk->set_output(true).set_dim(dims()).set_stride(qkv_stride()).set_uid(dk_uid);
@@ -174,7 +176,8 @@ std::string cudnn_attention::version() {
          ", frontend " + std::to_string(CUDNN_FRONTEND_MAJOR_VERSION) + "." + std::to_string(CUDNN_FRONTEND_MINOR_VERSION) +
          "." + std::to_string(CUDNN_FRONTEND_PATCH_VERSION);
 }
-cudnn_attention::cudnn_attention(int B, int T, int H, int hd) : p_(std::make_unique<impl>(B, T, H, hd)) {}
+cudnn_attention::cudnn_attention(int B, int T, int H, int hd, bool deterministic)
+    : p_(std::make_unique<impl>(B, T, H, hd, deterministic)) {}
 cudnn_attention::~cudnn_attention() = default;
 int cudnn_attention::batch() const noexcept { return p_->B; }
 int cudnn_attention::seq() const noexcept { return p_->T; }
@@ -208,7 +211,7 @@ namespace gpt {
 struct cudnn_attention::impl {};
 bool cudnn_attention::compiled() noexcept { return false; }
 std::string cudnn_attention::version() { return "not built (meson found no cuDNN with its frontend headers)"; }
-cudnn_attention::cudnn_attention(int, int, int, int) {
+cudnn_attention::cudnn_attention(int, int, int, int, bool) {
   throw tessera::error("this build of tessera-gpt has no cuDNN (meson found no cudnn.h, libcudnn and the frontend's "
                        "cudnn_frontend.h; scripts/setup installs the frontend with pip)");
 }

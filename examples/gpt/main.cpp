@@ -31,7 +31,7 @@ int main(int argc, char** argv) {
     trainer_kit::agree_on_text(world, gpt::describe(o));
     if (o.backend == "cuda") {
 #if TESSERA_CUDA_COMPILER
-      return gpt::run_cuda(o, world, *sets);
+      return o.deterministic ? gpt::run_exact_cuda(o, world, *sets) : gpt::run_cuda(o, world, *sets);
 #else
       throw tessera::error("this build of tessera-gpt has no CUDA backend (configure with CUDA and NCCL)");
 #endif

@@ -50,7 +50,8 @@ inline int parse(int argc, char** argv, options& o) {
   app.add_flag("--deterministic", o.deterministic,
                "the same bits at any world size, strategy, wrapper and mesh: exact (fixed-point) gradient and norm "
                "sums, and fixed micro-batches (--accum then counts the global batch's micro-batches of --batch "
-               "sequences; the world size must divide it). Host backend only");
+               "sequences; the world size must divide it). On the GPU every kernel sums in a fixed order too (--d a "
+               "multiple of 4 up to 2048), and the products run fused where cuBLASLt can, untimed");
   app.add_option("--model", o.model, "gpt2 (124M), gpt2-medium (350M), gpt2-large (774M) or gpt2-xl (1.5B); "
                                      "vocabulary 50257, context 1024 unless --vocab / --seq say otherwise")
       ->check(CLI::IsMember({"gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"}));
@@ -121,11 +122,10 @@ inline int parse(int argc, char** argv, options& o) {
   if (const std::string e = trainer_kit::mesh_options_error(o.shard_group, o.outer, o.wrapper, o.strategy); !e.empty())
     return bad(e);
   if (o.attention != "auto" && o.backend != "cuda") return bad("--attention chooses the CUDA net's kernels; give --backend cuda");
-  // The CUDA kernels add some gradients with atomics (LayerNorm's weights, the
-  // embeddings, flash attention's dQ), in an order that differs run to run.
-  if (o.deterministic && o.backend == "cuda")
-    return bad("--deterministic runs on --backend host only: tessera-gpt's CUDA kernels add LayerNorm, embedding "
-               "and attention gradients with atomics, so GPU runs are not bit-reproducible (yet)");
+  // The GPU's LayerNorm backward sums its weight gradients in a fixed order 4 columns a lane, in registers.
+  if (o.deterministic && o.backend == "cuda" && (o.shape.d % 4 != 0 || o.shape.d > 2048))
+    return bad("--deterministic on the GPU sums LayerNorm's gradients in a fixed order at --d a multiple of 4 up to "
+               "2048, not " + std::to_string(o.shape.d));
   if (!tessera::wrapper_supports(o.wrapper, o.strategy))
     return bad(o.wrapper == "ddp" ? "--wrapper ddp cannot shard parameters; use --wrapper fsdp or fsdp2 for optim_grads_params"
                                    : "--wrapper fsdp2 runs optim_grads_params only; use --wrapper fsdp or ddp for " + o.strategy);

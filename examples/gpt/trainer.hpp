@@ -140,7 +140,7 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   };
 
-  Net<Wrapper> net(model, ids, shape, o.batch, net_options{.recompute = o.recompute, .attention = o.attention});
+  Net<Wrapper> net(model, ids, shape, o.batch, net_options{.recompute = o.recompute, .attention = o.attention, .deterministic = o.deterministic});
   const std::size_t row = std::size_t(shape.seq) + 1;
   std::vector<std::uint16_t> seqs(std::size_t(o.batch) * row);
   const double global_tokens = double(o.batch) * N * count * shape.seq;
@@ -183,7 +183,7 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
 
   // The busiest rank's (shards of sizes that do not divide differ by rank): what tessera-plan memory reports.
   std::size_t est = model.planned().total() + opt.state_bytes() +
-                          Net<Wrapper>::workspace_bytes(shape, o.batch, net_options{.recompute = o.recompute, .attention = o.attention}) +
+                          Net<Wrapper>::workspace_bytes(shape, o.batch, net_options{.recompute = o.recompute, .attention = o.attention, .deterministic = o.deterministic}) +
                           Net<Wrapper>::blas_workspace_bytes() + net.runtime_workspace_bytes();
   {
     auto busiest = std::int64_t(est);
@@ -353,5 +353,7 @@ int dispatch(const options& o, tessera::comm::mpi& world, Comm& comm, const data
 //! dispatch<backend::host, host_gpt, exact_reduction> (exact.cpp: its own
 //! translation unit, compiled in parallel with main's).
 int run_exact_host(const options& o, tessera::comm::mpi& world, const datasets& sets);
+//! The CUDA backend's exact_reduction instantiations (exact_cuda.cu, in CUDA builds).
+int run_exact_cuda(const options& o, tessera::comm::mpi& world, const datasets& sets);
 
 }  // namespace gpt

@@ -2,7 +2,9 @@
 // attention forward and backward (the exact fp32 kernels and the bf16 flash
 // kernels; sequences that are not a multiple of the 64-row tile, one head and
 // many), LayerNorm forward and backward, the classifier's cross-entropy and
-// its gradient, GELU, and the embeddings' backward with repeated tokens.
+// its gradient, GELU, and the embeddings' backward with repeated tokens;
+// and the --deterministic forms of each sum (cuda_ordered.cuh, attention
+// without atomics): the same reference, and the same bits run after run.
 #define BOOST_TEST_MODULE tessera_gpt_kernels_cuda
 #include "common/mpi_test_main.hpp"
 #include "common/util.hpp"
@@ -19,6 +21,7 @@
 #include "gpt/cudnn_attention.hpp"
 #include "gpt/cuda_kernels.cuh"
 #include "gpt/cuda_layernorm.cuh"
+#include "gpt/cuda_ordered.cuh"
 #include "tessera/tessera.hpp"
 
 using namespace tessera;
@@ -101,8 +104,10 @@ struct attention_case {
 const attention_case cases[] = {{1, 1, 2}, {1, 63, 1}, {2, 64, 3}, {1, 65, 2}, {2, 100, 3}, {1, 200, 2}};
 
 // In: what the kernels read q, k, v and dy as (fp32, or bf16 as the bf16 trainer keeps them).
+// deterministic: dq (flash) or dk and dv (exact) summed in a fixed order, no
+// atomics; the backward then runs twice and must give the same bits.
 template <class C, class In = float>
-void check_attention(bool flash, double tol) {
+void check_attention(bool flash, double tol, bool deterministic = false) {
   std::mt19937 g(flash ? 41 : 42);
   constexpr int hd = 64;
   for (const auto& k : cases) {
@@ -120,30 +125,39 @@ void check_attention(bool flash, double tol) {
     auto ddy = to_device(as_in(dy));
     dbuf<C> y(n * d);
     dbuf<float> lse(n * std::size_t(k.H)), D(n * std::size_t(k.H)), dqkv(n * 3 * d);
-    TESSERA_CUDA(cudaMemset(dqkv.data(), 0, dqkv.size() * sizeof(float)));
-    if (flash) {
-      gpt::flash::forward<C, In>(dqkv_in.data(), y.data(), lse.data(), k.B, k.T, k.H, nullptr);
+    const dim3 grid(unsigned(k.T), unsigned(k.B * k.H));
+    const std::size_t smem = (std::size_t(k.T) + 32) * sizeof(float);
+    if (flash) gpt::flash::forward<C, In>(dqkv_in.data(), y.data(), lse.data(), k.B, k.T, k.H, nullptr);
+    else gpt::kernels::attention_kernel<C, In><<<grid, 128, smem>>>(dqkv_in.data(), y.data(), lse.data(), k.T, k.H, hd);
+    TESSERA_CUDA(cudaGetLastError());
+    auto backward = [&] {
+      TESSERA_CUDA(cudaMemset(dqkv.data(), 0, dqkv.size() * sizeof(float)));
+      if (flash) {
+        gpt::flash::backward<C, In>(ddy.data(), dqkv_in.data(), y.data(), lse.data(), D.data(), dqkv.data(), k.B, k.T,
+                                    k.H, nullptr, deterministic);
+      } else {
+        float* Dvec = deterministic ? D.data() : nullptr;
+        gpt::kernels::attention_backward_kernel<C, In><<<grid, 128, smem>>>(ddy.data(), dqkv_in.data(), y.data(),
+                                                                        lse.data(), dqkv.data(), k.T, k.H, hd, Dvec);
+        if (Dvec)
+          gpt::kernels::attention_backward_kv_kernel<In><<<grid, 128>>>(ddy.data(), dqkv_in.data(), lse.data(), Dvec,
+                                                                        dqkv.data(), k.T, k.H, hd);
+      }
       TESSERA_CUDA(cudaGetLastError());
-      gpt::flash::backward<C, In>(ddy.data(), dqkv_in.data(), y.data(), lse.data(), D.data(), dqkv.data(), k.B, k.T, k.H, nullptr);
-      TESSERA_CUDA(cudaGetLastError());
-    } else {
-      const dim3 grid(unsigned(k.T), unsigned(k.B * k.H));
-      const std::size_t smem = (std::size_t(k.T) + 32) * sizeof(float);
-      gpt::kernels::attention_kernel<C, In><<<grid, 128, smem>>>(dqkv_in.data(), y.data(), lse.data(), k.T, k.H, hd);
-      gpt::kernels::attention_backward_kernel<C, In><<<grid, 128, smem>>>(ddy.data(), dqkv_in.data(), y.data(), lse.data(),
-                                                                      dqkv.data(), k.T, k.H, hd);
-      TESSERA_CUDA(cudaGetLastError());
-    }
-    device_sync();
-    const double ey = rel_error(to_host(y), ref.y), el = rel_error(to_host(lse), ref.lse),
-                 ed = rel_error(to_host(dqkv), ref.dqkv);
-    std::printf("attention %s%s B %d T %d H %d: y %.2e, lse %.2e, dqkv %.2e (relative to the largest value)\n",
+      device_sync();
+      return to_host(dqkv);
+    };
+    const auto got = backward();
+    const double ey = rel_error(to_host(y), ref.y), el = rel_error(to_host(lse), ref.lse), ed = rel_error(got, ref.dqkv);
+    std::printf("attention %s%s%s B %d T %d H %d: y %.2e, lse %.2e, dqkv %.2e (relative to the largest value)\n",
                 flash ? "flash bf16" : std::is_same_v<C, float> ? "exact fp32" : "exact bf16",
-                std::is_same_v<In, float> ? "" : " (bf16 inputs)", k.B, k.T, k.H, ey, el, ed);
+                std::is_same_v<In, float> ? "" : " (bf16 inputs)", deterministic ? ", fixed order" : "", k.B, k.T, k.H,
+                ey, el, ed);
     BOOST_TEST_CONTEXT("B " << k.B << " T " << k.T << " H " << k.H) {
       BOOST_TEST(ey <= tol);
       BOOST_TEST(el <= tol);
       BOOST_TEST(ed <= tol);
+      if (deterministic) BOOST_TEST((backward() == got), "the fixed-order backward gives other bits on a second run");
     }
   }
 }
@@ -155,6 +169,16 @@ BOOST_AUTO_TEST_CASE(flash_attention_matches_float64_within_bf16) {
   BOOST_REQUIRE(gpt::flash::supported());
   // P and dS are rounded to bf16 (2^-9 relative) before their products.
   check_attention<bf16>(true, 1e-2);
+}
+
+BOOST_AUTO_TEST_CASE(exact_attention_in_a_fixed_order_matches_float64) {
+  check_attention<float>(false, 2e-6, true);
+  check_attention<bf16, bf16>(false, 1e-2, true);
+}
+
+BOOST_AUTO_TEST_CASE(flash_attention_in_a_fixed_order_matches_float64) {
+  BOOST_REQUIRE(gpt::flash::supported());
+  check_attention<bf16, bf16>(true, 1e-2, true);
 }
 
 BOOST_AUTO_TEST_CASE(flash_attention_reads_bf16_inputs) {
@@ -208,6 +232,25 @@ BOOST_AUTO_TEST_CASE(cudnn_attention_matches_float64_within_bf16) {
       BOOST_TEST(el <= 1e-2);
       BOOST_TEST(ed <= 1e-2);
     }
+    // --deterministic: cuDNN's deterministic backward where it has one for the
+    // shape (else the trainer runs flash's fixed-order form: said, not failed).
+    try {
+      const gpt::cudnn_attention det(k.B, k.T, k.H, hd, true);
+      auto backward = [&] {
+        det.backward(ddy.data(), dq.data(), y.data(), stats.data(), dqkv.data(), nullptr);
+        device_sync();
+        return to_host(dqkv);
+      };
+      const auto got = backward();
+      const double e = rel_error(got, ref.dqkv);
+      const bool same = backward() == got;
+      std::printf("attention cudnn bf16 deterministic B %d T %d H %d: dqkv %.2e, %s bits on a second run\n", k.B, k.T,
+                  k.H, e, same ? "the same" : "OTHER");
+      BOOST_TEST(e <= 1e-2);
+      BOOST_TEST(same);
+    } catch (const tessera::error& e) {
+      std::printf("attention cudnn bf16 deterministic B %d T %d H %d: refused (%s)\n", k.B, k.T, k.H, e.what());
+    }
   }
 }
 
@@ -217,7 +260,9 @@ BOOST_AUTO_TEST_CASE(exact_attention_reads_bf16_inputs) {
 }
 
 // D 100 (a few registers per lane), 700 and 1600 (GPT-2's widest), 2100 (no
-// registers: every row adds into shared memory); neither n nor D a multiple of a warp.
+// registers: every row adds into shared memory); neither n nor D a multiple
+// of a warp. The ordered form (--deterministic) where it applies (D a
+// multiple of 4 up to 2048): the same reference, the same bits twice.
 BOOST_AUTO_TEST_CASE(layernorm_forward_and_backward_match_float64) {
   for (const int D : {100, 700, 1600, 2100}) {
     BOOST_TEST_CONTEXT("D " << D) {
@@ -225,19 +270,28 @@ BOOST_AUTO_TEST_CASE(layernorm_forward_and_backward_match_float64) {
       const int n = 37;
       const auto x = normal(std::size_t(n) * D, g, 2.0), w = normal(std::size_t(D), g, 1.0), b = normal(std::size_t(D), g, 1.0);
       const auto dout = normal(std::size_t(n) * D, g, 1.0), dx0 = normal(std::size_t(n) * D, g, 1.0);
-      auto dxx = to_device(x), dw = to_device(w), db = to_device(b), ddout = to_device(dout), ddx = to_device(dx0);
+      auto dxx = to_device(x), dw = to_device(w), db = to_device(b), ddout = to_device(dout);
       dbuf<float> out(std::size_t(n) * D), mean(static_cast<std::size_t>(n)), rstd(static_cast<std::size_t>(n)), gw(static_cast<std::size_t>(D)), gb(static_cast<std::size_t>(D));
-      TESSERA_CUDA(cudaMemset(gw.data(), 0, gw.size() * sizeof(float)));
-      TESSERA_CUDA(cudaMemset(gb.data(), 0, gb.size() * sizeof(float)));
       gpt::kernels::layernorm_kernel<float><<<(n + 7) / 8, 256>>>(dxx.data(), dw.data(), db.data(), out.data(), mean.data(),
                                                                   rstd.data(), n, D);
       // Two blocks for 37 rows: each block sums several rows' dw, db before adding them;
       // dxc receives the new dx in the compute type as well.
-      dbuf<float> dxc(std::size_t(n) * D);
-      gpt::kernels::layernorm_backward<float>(ddout.data(), dxx.data(), dw.data(), mean.data(), rstd.data(), ddx.data(),
-                                              dxc.data(), gw.data(), gb.data(), n, D, nullptr, 2);
-      TESSERA_CUDA(cudaGetLastError());
-      device_sync();
+      dbuf<float> dxc(std::size_t(n) * D), partial(gpt::workspace::layernorm_partial_floats(D));
+      struct result {
+        std::vector<float> dx, dxc, gw, gb;
+        bool operator==(const result&) const = default;
+      };
+      auto backward = [&](bool ordered) {
+        auto ddx = to_device(dx0);
+        TESSERA_CUDA(cudaMemset(gw.data(), 0, gw.size() * sizeof(float)));
+        TESSERA_CUDA(cudaMemset(gb.data(), 0, gb.size() * sizeof(float)));
+        gpt::kernels::layernorm_backward<float>(ddout.data(), dxx.data(), dw.data(), mean.data(), rstd.data(), ddx.data(),
+                                                dxc.data(), gw.data(), gb.data(), n, D, nullptr, 2,
+                                                ordered ? partial.data() : nullptr);
+        TESSERA_CUDA(cudaGetLastError());
+        device_sync();
+        return result{to_host(ddx), to_host(dxc), to_host(gw), to_host(gb)};
+      };
       std::vector<double> y(x.size()), dx(x.size()), rgw(std::size_t(D), 0.0), rgb(std::size_t(D), 0.0);
       for (int r = 0; r < n; ++r) {
         const float* xr = x.data() + std::size_t(r) * D;
@@ -259,11 +313,61 @@ BOOST_AUTO_TEST_CASE(layernorm_forward_and_backward_match_float64) {
         }
       }
       BOOST_TEST(rel_error(to_host(out), y) <= 1e-6);
-      BOOST_TEST(rel_error(to_host(ddx), dx) <= 1e-5);
-      BOOST_TEST(rel_error(to_host(dxc), dx) <= 1e-5);
-      BOOST_TEST(rel_error(to_host(gw), rgw) <= 1e-5);
-      BOOST_TEST(rel_error(to_host(gb), rgb) <= 1e-5);
+      for (const bool ordered : {false, true}) {
+        if (ordered && !gpt::kernels::layernorm_ordered_fits(D)) continue;
+        BOOST_TEST_CONTEXT((ordered ? "ordered" : "atomics")) {
+          const result got = backward(ordered);
+          BOOST_TEST(rel_error(got.dx, dx) <= 1e-5);
+          BOOST_TEST(rel_error(got.dxc, dx) <= 1e-5);
+          BOOST_TEST(rel_error(got.gw, rgw) <= 1e-5);
+          BOOST_TEST(rel_error(got.gb, rgb) <= 1e-5);
+          if (ordered) BOOST_TEST((backward(true) == got), "the ordered LayerNorm backward gives other bits on a second run");
+        }
+      }
     }
+  }
+}
+
+// The bias gradients' column sums (the products' separate forms): atomics
+// per block of 256 rows, and in row order (a partial sum per block, added in
+// block order) with the same bits twice; the loss per row summed by one block.
+BOOST_AUTO_TEST_CASE(column_sums_and_loss_in_a_fixed_order) {
+  std::mt19937 g(47);
+  for (const auto& [n, cols] : {std::pair{1000, 300}, std::pair{257, 2304}, std::pair{1, 5}}) {
+    BOOST_TEST_CONTEXT("n " << n << " cols " << cols) {
+      const auto y = normal(std::size_t(n) * std::size_t(cols), g, 1.0), start = normal(std::size_t(cols), g, 1.0);
+      auto dy = to_device(y);
+      dbuf<float> partial(gpt::workspace::column_sum_partial_floats(std::size_t(n), std::size_t(cols)));
+      std::vector<double> ref(start.begin(), start.end());
+      for (int r = 0; r < n; ++r)
+        for (int c = 0; c < cols; ++c) ref[std::size_t(c)] += y[std::size_t(r) * cols + c];
+      auto sum = [&](bool ordered) {
+        auto out = to_device(start);
+        gpt::kernels::column_sum(dy.data(), n, cols, out.data(), ordered ? partial.data() : nullptr, nullptr);
+        device_sync();
+        return to_host(out);
+      };
+      BOOST_TEST(rel_error(sum(false), ref) <= 1e-5);
+      const auto ordered = sum(true);
+      BOOST_TEST(rel_error(ordered, ref) <= 1e-5);
+      BOOST_TEST((sum(true) == ordered));
+    }
+  }
+  for (const std::size_t n : {std::size_t(1), std::size_t(1023), std::size_t(32768)}) {
+    std::vector<double> v(n);
+    std::normal_distribution<double> d(3.0, 1.0);
+    double ref = 0.25;
+    for (auto& e : v) e = d(g), ref += e;
+    auto dv = to_device(v);
+    auto run = [&] {
+      auto out = to_device(std::vector<double>{0.25});
+      gpt::kernels::ordered_sum(dv.data(), n, out.data(), nullptr);
+      device_sync();
+      return to_host(out)[0];
+    };
+    const double got = run();
+    BOOST_TEST(std::abs(got - ref) <= 1e-12 * std::abs(ref), "ordered_sum of " << n << ": " << got << " against " << ref);
+    BOOST_TEST(run() == got);
   }
 }
 
@@ -307,6 +411,16 @@ void check_cross_entropy(double tol, int rows = 13, int V = 1000, int ld = 1024,
   }
   BOOST_TEST(std::abs(to_host(loss)[0] - ref_loss) <= 1e-5 * ref_loss);
   BOOST_TEST(rel_error(to_host(dz), ref_dz) <= tol);
+  // --deterministic: each row's loss written apart, then summed in a fixed order.
+  auto dz2 = to_device(zc);
+  dbuf<double> rows_loss(static_cast<std::size_t>(rows)), loss2(1);
+  TESSERA_CUDA(cudaMemset(loss2.data(), 0, sizeof(double)));
+  gpt::kernels::cross_entropy<C>(dz2.data(), dt.data(), V, ld, scale, true, nullptr, std::size_t(rows), nullptr, cache,
+                                 rows_loss.data());
+  gpt::kernels::ordered_sum(rows_loss.data(), std::size_t(rows), loss2.data(), nullptr);
+  device_sync();
+  BOOST_TEST(std::abs(to_host(loss2)[0] - ref_loss) <= 1e-5 * ref_loss);
+  BOOST_TEST((to_host(dz2) == to_host(dz)), "the gradient does not depend on where the loss goes");
 }
 }  // namespace
 
@@ -377,4 +491,23 @@ BOOST_AUTO_TEST_CASE(embedding_backward_sums_repeated_tokens) {
     }
   BOOST_TEST(rel_error(to_host(gwte), rte) <= 1e-6);
   BOOST_TEST(rel_error(to_host(gwpe), rpe) <= 1e-6);
+  // --deterministic: positions in sequence order, tokens grouped on the host (a
+  // vocabulary of 7 padded to 128, as the trainer pads it), the same bits twice.
+  gpt::kernels::token_groups groups;
+  groups.build(tok.data(), n, 128);
+  BOOST_TEST(groups.groups <= V);
+  auto dgroups = to_device(groups.ints);
+  auto ordered = [&] {
+    TESSERA_CUDA(cudaMemset(gwte.data(), 0, gwte.size() * sizeof(float)));
+    TESSERA_CUDA(cudaMemset(gwpe.data(), 0, gwpe.size() * sizeof(float)));
+    gpt::kernels::position_backward_kernel<float><<<4, 256>>>(ddx.data(), gwpe.data(), int(n / seq), seq, D);
+    groups.backward(ddx.data(), dgroups.data(), gwte.data(), D, nullptr);
+    TESSERA_CUDA(cudaGetLastError());
+    device_sync();
+    return std::pair{to_host(gwte), to_host(gwpe)};
+  };
+  const auto got = ordered();
+  BOOST_TEST(rel_error(got.first, rte) <= 1e-6);
+  BOOST_TEST(rel_error(got.second, rpe) <= 1e-6);
+  BOOST_TEST((ordered() == got));
 }

@@ -166,7 +166,7 @@ cases = [
     (['--val-every', '5'], '--val-every needs --val-data'),
     (['--timeout', 'nan'], '--timeout nan'),
     (['--attention', 'flash'], '--attention chooses the CUDA net'),
-    (['--backend', 'cuda', '--deterministic'], '--deterministic runs on --backend host only'),
+    (['--backend', 'cuda', '--deterministic', '--heads', '2', '--d', '30'], 'multiple of 4 up to 2048, not 30'),
     (['--outer', 'optim'], '--outer optim needs a mesh'),
     (['--shard-group', 'two'], '--shard-group two is not a positive number'),
 ]

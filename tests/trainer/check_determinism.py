@@ -11,7 +11,8 @@ default one within the precision's tolerance.
 
 Usage: check_determinism.py MPIEXEC TRAINER fp32|bf16 [TRAINER FLAGS...]
 (the model's flags follow the trainer's name: tessera-gpt takes a 2-layer GPT
-of width 32 over the default text, 12 micro-batches of 2 sequences)
+of width 32 over the default text, 12 micro-batches of 2 sequences, or the
+shape TESSERA_DET_GPT_SHAPE gives, e.g. "--layers 2 --heads 2 --d 128 --seq 80")
 (e.g. --backend cuda; TESSERA_DET_WORLDS="1 2 3 4 6" picks the world sizes)"""
 import json
 import os
@@ -27,7 +28,9 @@ STEPS = 6
 gpt = 'gpt' in os.path.basename(trainer)
 run_flags = ['--steps', str(STEPS), '--log-every', '1', '--clip', '0.3', '--precision', precision, '--json'] + extra
 if gpt:
-    common = ['--layers', '2', '--heads', '2', '--d', '32', '--seq', '16', '--batch', '2', '--lr', '3e-3'] + run_flags
+    # TESSERA_DET_GPT_SHAPE: another shape (e.g. head dimension 64 for the GPU's flash kernels).
+    shape = os.environ.get('TESSERA_DET_GPT_SHAPE', '--layers 2 --heads 2 --d 32 --seq 16').split()
+    common = shape + ['--batch', '2', '--lr', '3e-3'] + run_flags
     det = ['--deterministic', '--accum', '12']  # 12 micro-batches: every world size below divides them
     # The default path on the same sequences: 12 micro-batches at 1 rank, 4 a rank at 3.
     float_at = {1: ['--accum', '12'], 3: ['--accum', '4']}

@@ -30,7 +30,7 @@ estimate gpt_estimate(const options& o, const gpt_model& g) {
     // The CUDA net runs flash attention in bf16 at head dimension 64 (on sm_80
     // or newer, which this count assumes).
     const bool flash = !std::is_same_v<C, float> && g.shape.head_dim() == 64;
-    e.act = cuda ? gpt::workspace::cuda_bytes<C>(g.shape, g.batch, g.recompute, flash)
+    e.act = cuda ? gpt::workspace::cuda_bytes<C>(g.shape, g.batch, g.recompute, flash, o.deterministic)
                  : gpt::host_gpt<data_parallel_t<Cfg>>::workspace_bytes(g.shape, g.batch, {.recompute = g.recompute});
     e.blas = cuda ? gpt::workspace::cublaslt_bytes : 0;
     e.units = int(rec.units().size());

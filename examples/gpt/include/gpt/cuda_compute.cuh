@@ -15,6 +15,12 @@
 // form and it measures faster (trainer_kit::product_forms, timed in the first
 // step); the GELU input is kept in bf16, as under PyTorch autocast. fp32: the
 // separate forms only, so that the GPU matches the host backend.
+//
+// --deterministic (net_options): every sum that the default kernels take
+// with atomics takes a fixed order instead (cuda_ordered.cuh, the ordered
+// LayerNorm backward, attention's dq or dk and dv without atomics, cuDNN's
+// deterministic backward), and the products run fused wherever cuBLASLt can,
+// with no timing.
 #include <algorithm>
 #include <cstdint>
 #include <memory>
@@ -28,6 +34,7 @@
 #include "gpt/cuda_flash.cuh"
 #include "gpt/cuda_kernels.cuh"
 #include "gpt/cuda_layernorm.cuh"
+#include "gpt/cuda_ordered.cuh"
 #include "gpt/cudnn_attention.hpp"
 #include "gpt/cuda_products.cuh"
 #include "gpt/data.hpp"
@@ -64,12 +71,14 @@ public:
                   flash::head_dim, " on sm_80 or newer; this run has ", fp32 ? "fp32" : "bf16", " and head dimension ",
                   s.head_dim());
     TESSERA_CHECK(o.attention != "cudnn" || !fp32, "--attention cudnn runs bf16 (--precision bf16)");
+    TESSERA_CHECK(!o.deterministic || kernels::layernorm_ordered_fits(s.d), "--deterministic on the GPU sums LayerNorm's "
+                  "gradients in a fixed order at --d a multiple of 4 up to 2048, not ", s.d);
     // cuDNN's fused attention for the training shape (batch x seq); other
     // shapes (sampling) run flash or exact. In auto, a cuDNN that cannot run
     // this shape leaves flash, and the banner says why.
     if (!fp32 && (o.attention == "auto" || o.attention == "cudnn")) {
       try {
-        cudnn_ = std::make_unique<cudnn_attention>(batch, s.seq, s.heads, s.head_dim());
+        cudnn_ = std::make_unique<cudnn_attention>(batch, s.seq, s.heads, s.head_dim(), o.deterministic);
       } catch (const tessera::error& e) {
         if (o.attention == "cudnn") throw;
         cudnn_why_ = e.what();
@@ -93,7 +102,12 @@ public:
     z_ = dbuf<C>(rows * std::size_t(s.padded_vocab()));  // logits, then their gradient in place
     tok_ = dbuf<std::uint16_t>(2 * n);
     loss_ = dbuf<double>(1);
-    if (flash_) dvec_ = dbuf<float>(n * std::size_t(s.heads));
+    if (flash_ || o.deterministic) dvec_ = dbuf<float>(n * std::size_t(s.heads));
+    if (o.deterministic) {
+      row_loss_ = dbuf<double>(n);
+      ln_partial_ = dbuf<float>(workspace::layernorm_partial_floats(s.d));
+      groups_dev_ = dbuf<int>(workspace::token_group_ints(n));
+    }
     TESSERA_CUDA(cudaMemsetAsync(loss_.data(), 0, sizeof(double), stream()));
     prod_.decide(n_max_, s.d, act_.data(), big_.data());
   }
@@ -102,9 +116,11 @@ public:
   //! dimension 64, sm_80 or newer), else the exact ones (cuda_kernels.cuh; fp32 arithmetic, in
   //! the compute type's inputs and outputs: fp32, or bf16 where flash does not apply).
   [[nodiscard]] std::string attention_name() const {
-    if (cudnn_) return "cudnn (fused SDPA, " + cudnn_attention::version() + ")";
+    if (cudnn_) return "cudnn (fused SDPA" + std::string(o_.deterministic ? ", deterministic backward" : "") + ", " +
+                       cudnn_attention::version() + ")";
     std::string why = cudnn_why_.empty() ? "" : "; cuDNN not used: " + cudnn_why_;
-    return (flash_ ? "flash (bf16 tensor cores" : "exact (fp32 arithmetic, a query row per block") + why + ")";
+    return (flash_ ? "flash (bf16 tensor cores" : "exact (fp32 arithmetic, a query row per block") +
+           std::string(o_.deterministic ? "; gradients in a fixed order" : "") + why + ")";
   }
   //! The form each product with a cuBLASLt epilogue runs in (after the first step: the timings that chose it).
   [[nodiscard]] std::string products_used() const { return prod_.describe(); }
@@ -114,7 +130,7 @@ public:
 
   //! Device bytes this class holds, for the memory estimate.
   [[nodiscard]] static std::size_t workspace_bytes(const model_shape& s, int batch, net_options o = {}) {
-    return workspace::cuda_bytes<C>(s, batch, o.recompute, uses_flash(s));
+    return workspace::cuda_bytes<C>(s, batch, o.recompute, uses_flash(s), o.deterministic);
   }
   //! Device bytes known once the net is built: cuDNN's attention workspace.
   [[nodiscard]] std::size_t runtime_workspace_bytes() const { return cudnn_ ? cudnn_->workspace_bytes() : 0; }
@@ -125,7 +141,7 @@ public:
     const std::size_t B = std::size_t(batch), T = std::size_t(s_.seq), n = B * T, D = std::size_t(s_.d),
                       V = std::size_t(s_.vocab), Vp = std::size_t(s_.padded_vocab());
     TESSERA_CHECK(n <= n_max_, "micro-batch of ", batch, " sequences over the planned ", n_max_ / T);
-    upload(seqs, B, T);
+    upload(seqs, B, T, true);
     auto se = m_.gather(ids_.embed);  // held to the end: lookup, head, embedding backward
     const C* E = se.weights().data();
     forward_blocks(E, B, T);
@@ -133,21 +149,31 @@ public:
     float* g_wte = se.grad(ids_.wte).data();
     const float scale = float(1.0 / global_tokens);
     head(E, n, [&](std::size_t r0, std::size_t rows) {
-      kernels::cross_entropy<C>(z_.data(), targets() + r0, int(V), int(Vp), scale, true, loss_.data(), rows, stream());
+      kernels::cross_entropy<C>(z_.data(), targets() + r0, int(V), int(Vp), scale, true, loss_.data(), rows, stream(),
+                                true, row_loss(r0));
       // Over the padded vocabulary: dz is zero there, so the padded rows of wte get no gradient.
       gemm(true, false, int(Vp), int(D), int(rows), 1.0f, z_.data(), xf_.data() + r0 * D, 1.0f, g_wte);
       gemm(false, false, int(rows), int(D), int(Vp), 1.0f, z_.data(), wte, 0.0f, dsmall_.data() + r0 * D);
     });
+    if (o_.deterministic) kernels::ordered_sum(row_loss_.data(), n, loss_.data(), stream());
     TESSERA_CUDA(cudaMemsetAsync(dx_.data(), 0, n * D * sizeof(float), stream()));
     float* st = stats_.data() + stats_.size() - 2 * n_max_;
     kernels::layernorm_backward<C>(dsmall_.data(), x_.data() + std::size_t(s_.layers) * n_max_ * D,
                                    E + m_.slot(ids_.lnf_w).offset, st, st + n_max_, dx_.data(), dx_c_.data(),
-                                   se.grad(ids_.lnf_w).data(), se.grad(ids_.lnf_b).data(), int(n), int(D), stream());
+                                   se.grad(ids_.lnf_w).data(), se.grad(ids_.lnf_b).data(), int(n), int(D), stream(), 0,
+                                   ln_partial());
     check_launch();
     for (int l = s_.layers - 1; l >= 0; --l) backward_block(l, B, T);
-    kernels::embed_backward_kernel<float><<<grid(n * D), 256, 0, stream()>>>(
-        dx_.data(), inputs(), g_wte, se.grad(ids_.wpe).data(), n, int(T), int(D));
-    check_launch();
+    if (o_.deterministic) {  // positions in sequence order, tokens grouped (upload built the groups)
+      kernels::position_backward_kernel<float><<<grid(T * D), 256, 0, stream()>>>(dx_.data(), se.grad(ids_.wpe).data(),
+                                                                                  int(B), int(T), int(D));
+      check_launch();
+      groups_.backward(dx_.data(), groups_dev_.data(), g_wte, int(D), stream());
+    } else {
+      kernels::embed_backward_kernel<float><<<grid(n * D), 256, 0, stream()>>>(
+          dx_.data(), inputs(), g_wte, se.grad(ids_.wpe).data(), n, int(T), int(D));
+      check_launch();
+    }
     se.reduce_grads();
   }
 
@@ -162,8 +188,9 @@ public:
     forward_blocks(E, B, T);
     head(E, n, [&](std::size_t r0, std::size_t rows) {
       kernels::cross_entropy<C>(z_.data(), targets() + r0, int(V), s_.padded_vocab(), 0.0f, false, loss.data(), rows,
-                                stream());
+                                stream(), true, row_loss(r0));
     });
+    if (o_.deterministic) kernels::ordered_sum(row_loss_.data(), n, loss.data(), stream());
     double out = 0;
     TESSERA_CUDA(cudaMemcpyAsync(&out, loss.data(), sizeof(double), cudaMemcpyDeviceToHost, stream()));
     TESSERA_CUDA(cudaStreamSynchronize(stream()));
@@ -214,14 +241,24 @@ private:
   static unsigned rows_grid(std::size_t rows) { return unsigned((rows + 7) / 8); }  // 8 warps of 256 threads, a row each
   const std::uint16_t* inputs() const { return tok_.data(); }
   const std::uint16_t* targets() const { return tok_.data() + n_max_; }
+  // --deterministic's buffers (null otherwise): each row's loss, LayerNorm's partial sums.
+  double* row_loss(std::size_t r0) { return o_.deterministic ? row_loss_.data() + r0 : nullptr; }
+  float* ln_partial() { return o_.deterministic ? ln_partial_.data() : nullptr; }
 
-  // Inputs and next-token targets of B sequences of T + 1 tokens, to the device.
-  void upload(const std::uint16_t* seqs, std::size_t B, std::size_t T) {
+  // Inputs and next-token targets of B sequences of T + 1 tokens, to the
+  // device; with `groups` under --deterministic, the inputs' rows grouped by
+  // token too (the embedding's backward in a fixed order).
+  void upload(const std::uint16_t* seqs, std::size_t B, std::size_t T, bool groups = false) {
     host_tok_.assign(2 * n_max_, 0);
     split_sequences(seqs, B, T, host_tok_.data(), host_tok_.data() + n_max_);
     TESSERA_CUDA(cudaMemcpyAsync(tok_.data(), host_tok_.data(), host_tok_.size() * sizeof(std::uint16_t),
                                  cudaMemcpyHostToDevice, stream()));
-    TESSERA_CUDA(cudaStreamSynchronize(stream()));  // host_tok_ is reused by the next call
+    if (groups && o_.deterministic) {
+      groups_.build(host_tok_.data(), B * T, s_.padded_vocab());
+      TESSERA_CUDA(cudaMemcpyAsync(groups_dev_.data(), groups_.ints.data(), groups_.ints.size() * sizeof(int),
+                                   cudaMemcpyHostToDevice, stream()));
+    }
+    TESSERA_CUDA(cudaStreamSynchronize(stream()));  // host_tok_ and the groups are reused by the next call
   }
 
   struct slot {
@@ -336,7 +373,7 @@ private:
     float* dxn = dsmall_.data();
     gemm(false, false, int(n), int(D), int(H4), 1.0f, dH, w.fc_w, 0.0f, dxn);
     kernels::layernorm_backward<C>(dxn, a.xmid, w.ln2_w, a.mean2, a.rstd2, dX, dXc, g(b.ln2_w), g(b.ln2_b), int(n),
-                                   int(D), stream());
+                                   int(D), stream(), 0, ln_partial());
     check_launch();
     // attention: xmid = x_l + y Wproj^T + bproj
     prod_.weight_grad(products::proj_wgrad, dXc, dX, a.y, n, D, D, g(b.proj_w), g(b.proj_b));
@@ -350,12 +387,18 @@ private:
       float* dQKV = big_.data();
       TESSERA_CUDA(cudaMemsetAsync(dQKV, 0, n * 3 * D * sizeof(float), stream()));
       if (flash_) {
-        flash::backward<C>(dY, a.qkv, a.y, a.lse, dvec_.data(), dQKV, int(B), int(T), s_.heads, stream());
+        flash::backward<C>(dY, a.qkv, a.y, a.lse, dvec_.data(), dQKV, int(B), int(T), s_.heads, stream(),
+                           o_.deterministic);
         check_launch();
       } else {
         const dim3 gr(unsigned(T), unsigned(B * std::size_t(s_.heads)));
+        // --deterministic: dq and each row's D here, then dk and dv in a fixed order.
+        float* Dvec = o_.deterministic ? dvec_.data() : nullptr;
         kernels::attention_backward_kernel<C><<<gr, 128, (T + 32) * sizeof(float), stream()>>>(
-            dY, a.qkv, a.y, a.lse, dQKV, int(T), s_.heads, s_.head_dim());
+            dY, a.qkv, a.y, a.lse, dQKV, int(T), s_.heads, s_.head_dim(), Dvec);
+        if (Dvec)
+          kernels::attention_backward_kv_kernel<C><<<gr, 128, 0, stream()>>>(dY, a.qkv, a.lse, Dvec, dQKV, int(T),
+                                                                            s_.heads, s_.head_dim());
         check_launch();
       }
       kernels::convert_kernel<C><<<grid(n * 3 * D), 256, 0, stream()>>>(dQKV, dQKVc, n * 3 * D);
@@ -364,7 +407,7 @@ private:
     }
     gemm(false, false, int(n), int(D), int(3 * D), 1.0f, dQKVc, w.qkv_w, 0.0f, dxn);
     kernels::layernorm_backward<C>(dxn, xin, w.ln1_w, a.mean1, a.rstd1, dX, dXc, g(b.ln1_w), g(b.ln1_b), int(n),
-                                   int(D), stream());
+                                   int(D), stream(), 0, ln_partial());
     check_launch();
     sc.reduce_grads();
   }
@@ -400,11 +443,13 @@ private:
   std::string cudnn_why_;                   // why not, in auto
   std::size_t n_max_;
   double finished_ = 0;
-  dbuf<float> x_, stats_, lse_, xmid_, big_, dx_, dsmall_, dvec_;
+  dbuf<float> x_, stats_, lse_, xmid_, big_, dx_, dsmall_, dvec_, ln_partial_;
   dbuf<C> qkv_, h_, xn1_, y_, xn2_, xf_, act_, big_c_, dx_c_, dy_c_, z_;
-  products prod_{s_.d};
+  products prod_{s_.d, n_max_, o_.deterministic};
   dbuf<std::uint16_t> tok_;
-  dbuf<double> loss_;
+  dbuf<double> loss_, row_loss_;
+  kernels::token_groups groups_;  // --deterministic: the micro-batch's rows by token, and their device copy
+  dbuf<int> groups_dev_;
   std::vector<std::uint16_t> host_tok_;
 };
 

@@ -152,6 +152,20 @@ __device__ inline float quad_sum(float v) {
 
 inline constexpr float log2e = 1.4426950408889634f;
 
+// Where a thread of a query-tile grid (query tiles, B x H; 4 warps) works:
+// its query tile (the longest rows first), sequence, head, the width d = H 64,
+// qkv's row of 3 d, and its warp, group and thread in the mma fragments.
+struct query_tile {
+  int qt, b, h, d;
+  std::size_t row;
+  int warp, g, t;
+};
+__device__ inline query_tile query_tile_of(int H) {
+  const int d = H * head_dim;
+  return {int(gridDim.x) - 1 - int(blockIdx.x), int(blockIdx.y) / H, int(blockIdx.y) % H, d, 3 * std::size_t(d),
+          int(threadIdx.x) >> 5, (int(threadIdx.x) & 31) >> 2, int(threadIdx.x) & 3};
+}
+
 }  // namespace detail
 
 //! y = softmax(q k^T scale, causal) v and the rows' natural log-sum-exp,
@@ -163,10 +177,7 @@ __global__ void __launch_bounds__(threads) forward_kernel(const In* qkv, C* y, f
   using namespace detail;
   __shared__ __align__(16) bf16 ks[tile * pitch];  // keys [key][dim]
   __shared__ __align__(16) bf16 vs[tile * pitch];  // values [key][dim]
-  const int qt = int(gridDim.x) - 1 - int(blockIdx.x);  // the longest rows first
-  const int b = int(blockIdx.y) / H, h = int(blockIdx.y) % H, d = H * head_dim;
-  const std::size_t row = 3 * std::size_t(d);
-  const int warp = int(threadIdx.x) >> 5, g = (int(threadIdx.x) & 31) >> 2, t = int(threadIdx.x) & 3;
+  const auto [qt, b, h, d, row, warp, g, t] = query_tile_of(H);
   const In* base = qkv + std::size_t(b) * std::size_t(T) * row + std::size_t(h) * head_dim;
   const int r0 = qt * tile + warp * 16, rows[2] = {r0 + g, r0 + g + 8};
   std::uint32_t qa[4][4];
@@ -242,8 +253,9 @@ __global__ void row_dot_kernel(const In* dy, const C* y, float* D, std::size_t r
 //! The gradients of forward_kernel: grid (key tiles, B x H), 128 threads,
 //! backward_smem bytes of dynamic shared memory. dy rows of H 64 floats; D
 //! from row_dot_kernel; dqkv rows [dq | dk | dv]: dq is added to (zero it
-//! first), dk and dv are written.
-template <class In>
+//! first), dk and dv are written. DQ false (--deterministic): dq is left to
+//! dq_kernel, which sums it in a fixed order instead of with atomics.
+template <class In, bool DQ = true>
 __global__ void __launch_bounds__(threads) backward_kernel(const In* dy, const In* qkv, const float* lse,
                                                           const float* D, float* dqkv, int T, int H, float scale) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -295,7 +307,7 @@ __global__ void __launch_bounds__(threads) backward_kernel(const In* dy, const I
         if (qt == kt && qt * tile + ql < keys[e >> 1]) p = 0.f;  // the future
         s[nt][e] = p;
         dp[nt][e] = p * (dp[nt][e] - ds_row[ql]) * scale;  // dS^T
-        dss[ql * pitch + warp * 16 + g + 8 * (e >> 1)] = __float2bfloat16_rn(dp[nt][e]);
+        if constexpr (DQ) dss[ql * pitch + warp * 16 + g + 8 * (e >> 1)] = __float2bfloat16_rn(dp[nt][e]);
       }
     for (int j = 0; j < 4; ++j) {
       std::uint32_t pa[4], da[4];
@@ -304,22 +316,24 @@ __global__ void __launch_bounds__(threads) backward_kernel(const In* dy, const I
       mma_rows(dv, pa, gs, j * 16);  // dV += P^T dO
       mma_rows(dk, da, qs, j * 16);  // dK += dS^T Q
     }
-    __syncthreads();  // dS complete
-    // dQ (this warp's 16 queries x 64) += dS K, added into memory.
-    float dq[8][4] = {};
-    const bf16* a_rows = dss + (warp * 16 + g) * pitch;
-    for (int j = 0; j < 4; ++j) {
-      const std::uint32_t a[4] = {ld32(a_rows + j * 16 + 2 * t), ld32(a_rows + 8 * pitch + j * 16 + 2 * t),
-                                  ld32(a_rows + j * 16 + 2 * t + 8), ld32(a_rows + 8 * pitch + j * 16 + 2 * t + 8)};
-      mma_rows(dq, a, ks, j * 16);
-    }
-    for (int i = 0; i < 2; ++i) {
-      const int q = qt * tile + warp * 16 + g + 8 * i;
-      if (q >= T) continue;
-      float* out = dbase + std::size_t(q) * row;
-      for (int nt = 0; nt < 8; ++nt) {
-        atomicAdd(out + nt * 8 + 2 * t, dq[nt][2 * i]);
-        atomicAdd(out + nt * 8 + 2 * t + 1, dq[nt][2 * i + 1]);
+    if constexpr (DQ) {
+      __syncthreads();  // dS complete
+      // dQ (this warp's 16 queries x 64) += dS K, added into memory.
+      float dq[8][4] = {};
+      const bf16* a_rows = dss + (warp * 16 + g) * pitch;
+      for (int j = 0; j < 4; ++j) {
+        const std::uint32_t a[4] = {ld32(a_rows + j * 16 + 2 * t), ld32(a_rows + 8 * pitch + j * 16 + 2 * t),
+                                    ld32(a_rows + j * 16 + 2 * t + 8), ld32(a_rows + 8 * pitch + j * 16 + 2 * t + 8)};
+        mma_rows(dq, a, ks, j * 16);
+      }
+      for (int i = 0; i < 2; ++i) {
+        const int q = qt * tile + warp * 16 + g + 8 * i;
+        if (q >= T) continue;
+        float* out = dbase + std::size_t(q) * row;
+        for (int nt = 0; nt < 8; ++nt) {
+          atomicAdd(out + nt * 8 + 2 * t, dq[nt][2 * i]);
+          atomicAdd(out + nt * 8 + 2 * t + 1, dq[nt][2 * i + 1]);
+        }
       }
     }
   }
@@ -331,6 +345,67 @@ __global__ void __launch_bounds__(threads) backward_kernel(const In* dy, const I
       out[d + c] = dk[nt][2 * i], out[d + c + 1] = dk[nt][2 * i + 1];
       out[2 * d + c] = dv[nt][2 * i], out[2 * d + c + 1] = dv[nt][2 * i + 1];
     }
+  }
+#else
+  __trap();
+#endif
+}
+
+//! dq of forward_kernel in a fixed order (--deterministic; backward_kernel
+//! with DQ false gives dk and dv): grid (query tiles, B x H), 128 threads,
+//! each warp 16 query rows walking the key tiles up to its diagonal as the
+//! forward does, P from the saved lse (no online softmax), dS = P (dP - D)
+//! scale with dP = dO V^T, and dQ += dS K in registers; dq written once.
+template <class In>
+__global__ void __launch_bounds__(threads) dq_kernel(const In* dy, const In* qkv, const float* lse, const float* D,
+                                                     float* dqkv, int T, int H, float scale) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  using namespace detail;
+  __shared__ __align__(16) bf16 ks[tile * pitch];  // keys [key][dim]
+  __shared__ __align__(16) bf16 vs[tile * pitch];  // values [key][dim]
+  const auto [qt, b, h, d, row, warp, g, t] = query_tile_of(H);
+  const std::size_t first = std::size_t(b) * std::size_t(T);
+  const In* base = qkv + first * row + std::size_t(h) * head_dim;
+  const In* gbase = dy + first * std::size_t(d) + std::size_t(h) * head_dim;
+  const int r0 = qt * tile + warp * 16, rows[2] = {r0 + g, r0 + g + 8};
+  std::uint32_t qa[4][4], ga[4][4];
+  load_a(base, row, r0, T, qa);
+  load_a(gbase, std::size_t(d), r0, T, ga);
+  float l2[2], drow[2];  // each row's lse (log2 domain) and D; rows past T: p = 0
+  for (int i = 0; i < 2; ++i) {
+    const std::size_t at = (first + std::size_t(rows[i])) * std::size_t(H) + std::size_t(h);
+    l2[i] = rows[i] < T ? lse[at] * log2e : INFINITY;
+    drow[i] = rows[i] < T ? D[at] : 0.f;
+  }
+  const float sl2 = scale * log2e;
+  float dq[8][4] = {};
+  for (int kt = 0; kt <= qt; ++kt) {
+    __syncthreads();  // the previous tile is read by every warp
+    load_tile(base + d, row, kt * tile, T, ks);
+    load_tile(base + 2 * d, row, kt * tile, T, vs);
+    __syncthreads();
+    float s[8][4] = {}, dp[8][4] = {};
+    for (int nt = 0; nt < 8; ++nt)
+      for (int kk = 0; kk < 4; ++kk) {
+        mma_tile(s[nt], qa[kk], ks, nt * 8 + g, kk * 16 + 2 * t);   // S = Q K^T
+        mma_tile(dp[nt], ga[kk], vs, nt * 8 + g, kk * 16 + 2 * t);  // dP = dO V^T
+      }
+    for (int nt = 0; nt < 8; ++nt)
+      for (int e = 0; e < 4; ++e) {
+        float p = exp2f(s[nt][e] * sl2 - l2[e >> 1]);
+        if (kt == qt && kt * tile + nt * 8 + 2 * t + (e & 1) > rows[e >> 1]) p = 0.f;  // the future
+        s[nt][e] = p * (dp[nt][e] - drow[e >> 1]) * scale;                            // dS
+      }
+    for (int j = 0; j < 4; ++j) {
+      std::uint32_t a[4];
+      to_a(s, j, a);
+      mma_rows(dq, a, ks, j * 16);  // dQ += dS K
+    }
+  }
+  for (int i = 0; i < 2; ++i) {
+    if (rows[i] >= T) continue;
+    float* out = dqkv + (first + std::size_t(rows[i])) * row + std::size_t(h) * head_dim;
+    for (int nt = 0; nt < 8; ++nt) out[nt * 8 + 2 * t] = dq[nt][2 * i], out[nt * 8 + 2 * t + 1] = dq[nt][2 * i + 1];
   }
 #else
   __trap();
@@ -352,18 +427,27 @@ void forward(const In* qkv, C* y, float* lse, int B, int T, int H, cudaStream_t 
   const dim3 grid(unsigned((T + tile - 1) / tile), unsigned(B * H));
   forward_kernel<C, In><<<grid, threads, 0, stream>>>(qkv, y, lse, T, H, 1.0f / std::sqrt(float(head_dim)));
 }
+//! deterministic: dq from dq_kernel in a fixed order instead of atomics.
 template <class C, class In>
 void backward(const In* dy, const In* qkv, const C* y, const float* lse, float* D, float* dqkv, int B, int T, int H,
-              cudaStream_t stream) {
+              cudaStream_t stream, bool deterministic = false) {
   const std::size_t rows_heads = std::size_t(B) * std::size_t(T) * std::size_t(H);
   row_dot_kernel<C, In><<<unsigned((rows_heads * 32 + 255) / 256), 256, 0, stream>>>(dy, y, D, rows_heads);
   static const bool attr = [] {
-    return cudaFuncSetAttribute(backward_kernel<In>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(backward_smem)) ==
-           cudaSuccess;
+    return cudaFuncSetAttribute(backward_kernel<In, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                int(backward_smem)) == cudaSuccess &&
+           cudaFuncSetAttribute(backward_kernel<In, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                int(backward_smem)) == cudaSuccess;
   }();
   (void)attr;  // a failure shows as the launch's error
   const dim3 grid(unsigned((T + tile - 1) / tile), unsigned(B * H));
-  backward_kernel<In><<<grid, threads, backward_smem, stream>>>(dy, qkv, lse, D, dqkv, T, H, 1.0f / std::sqrt(float(head_dim)));
+  const float scale = 1.0f / std::sqrt(float(head_dim));
+  if (!deterministic) {
+    backward_kernel<In, true><<<grid, threads, backward_smem, stream>>>(dy, qkv, lse, D, dqkv, T, H, scale);
+    return;
+  }
+  backward_kernel<In, false><<<grid, threads, backward_smem, stream>>>(dy, qkv, lse, D, dqkv, T, H, scale);
+  dq_kernel<In><<<grid, threads, 0, stream>>>(dy, qkv, lse, D, dqkv, T, H, scale);
 }
 
 }  // namespace gpt::flash

@@ -146,15 +146,18 @@ __global__ void convert_kernel(const float* in, C* out, std::size_t total) {
     out[k] = convert<C>(in[k]);
 }
 
-//! out[c] += sum over rows of y[row, c]: blocks of 256 columns x 256 rows, one atomic per column and block.
+//! out[c] += sum over rows of y[row, c]: blocks of 256 columns x 256 rows,
+//! one atomic per column and block, or (--deterministic) each block's sums
+//! written to partial[blockIdx.y][c] for column_finish_kernel (cuda_ordered.cuh).
 template <class T>
-__global__ void column_sum_kernel(const T* y, int n, int cols, float* out) {
+__global__ void column_sum_kernel(const T* y, int n, int cols, float* out, float* partial) {
   const int c = int(blockIdx.x * blockDim.x + threadIdx.x);
   if (c >= cols) return;
   const int r0 = int(blockIdx.y) * 256, r1 = min(n, r0 + 256);
   float s = 0;
   for (int r = r0; r < r1; ++r) s += float(y[std::size_t(r) * std::size_t(cols) + c]);
-  atomicAdd(out + c, s);
+  if (partial) partial[std::size_t(blockIdx.y) * std::size_t(cols) + std::size_t(c)] = s;
+  else atomicAdd(out + c, s);
 }
 
 //! Causal attention, one block per (query row i, sequence b x head h): the
@@ -194,11 +197,13 @@ __global__ void attention_kernel(const Q* qkv, C* y, float* lse, int T, int H, i
   }
 }
 
-//! Attention backward, one block per (query row i, b x h): dq_i written,
-//! dk_j and dv_j accumulated with atomics into dqkv (zeroed before).
+//! Attention backward, one block per (query row i, b x h): dq_i written;
+//! dk_j and dv_j accumulated with atomics into dqkv (zeroed before), or with
+//! Dvec (--deterministic) none of them: D_i = dy_i . y_i goes to Dvec, and
+//! attention_backward_kv_kernel adds dk and dv in a fixed order.
 template <class C, class Q = float>
 __global__ void attention_backward_kernel(const Q* dy, const Q* qkv, const C* y, const float* lse, float* dqkv,
-                                          int T, int H, int hd) {
+                                          int T, int H, int hd, float* Dvec = nullptr) {
   extern __shared__ float sh[];
   float* p = sh;        // T probabilities, then ds
   float* red = sh + T;  // 32
@@ -213,6 +218,7 @@ __global__ void attention_backward_kernel(const Q* dy, const Q* qkv, const C* y,
   for (int c = threadIdx.x; c < hd; c += blockDim.x) Dp += float(g[c]) * float(o[c]);
   const float D = block_reduce<false>(Dp, red);
   const float l = lse[(std::size_t(b) * T + i) * H + h];
+  if (Dvec && threadIdx.x == 0) Dvec[(std::size_t(b) * T + i) * H + h] = D;
   for (int j = threadIdx.x; j <= i; j += blockDim.x) {
     const std::size_t kj = (std::size_t(b) * T + j) * std::size_t(row) + d + std::size_t(h) * hd;
     const Q* k = qkv + kj;
@@ -222,6 +228,7 @@ __global__ void attention_backward_kernel(const Q* dy, const Q* qkv, const C* y,
     const float pj = __expf(dot * scale - l);
     const float ds = pj * (dp - D) * scale;
     p[j] = ds;
+    if (Dvec) continue;
     for (int c = 0; c < hd; ++c) {
       atomicAdd(dqkv + kj + c, ds * float(q[c]));
       atomicAdd(dqkv + kj + d + c, pj * float(g[c]));
@@ -235,10 +242,53 @@ __global__ void attention_backward_kernel(const Q* dy, const Q* qkv, const C* y,
   }
 }
 
+//! dk_j and dv_j of attention without atomics (--deterministic), after
+//! attention_backward_kernel with Dvec: one block per (key row j, b x h)
+//! walks the query rows i >= j in order, a chunk at a time: p_ij and ds_ij
+//! into shared memory, then each thread adds its columns' share in i's order
+//! (dqkv's dk and dv zeroed before).
+template <class Q>
+__global__ void attention_backward_kv_kernel(const Q* dy, const Q* qkv, const float* lse, const float* Dvec, float* dqkv,
+                                             int T, int H, int hd) {
+  constexpr int chunk = 512;
+  __shared__ float p[chunk], ds[chunk];
+  const int j = int(blockIdx.x), bh = int(blockIdx.y), b = bh / H, h = bh % H;
+  const int d = H * hd, row = 3 * d;
+  const float scale = rsqrtf(float(hd));
+  const std::size_t first = std::size_t(b) * std::size_t(T), kj = (first + j) * std::size_t(row) + d + std::size_t(h) * hd;
+  const Q* k = qkv + kj;
+  const Q* v = qkv + kj + d;
+  for (int i0 = j; i0 < T; i0 += chunk) {
+    const int i1 = min(T, i0 + chunk);
+    __syncthreads();  // the previous chunk's p and ds are read
+    for (int i = i0 + int(threadIdx.x); i < i1; i += int(blockDim.x)) {
+      const Q* q = qkv + (first + i) * std::size_t(row) + std::size_t(h) * hd;
+      const Q* g = dy + (first + i) * std::size_t(d) + std::size_t(h) * hd;
+      float dot = 0, dp = 0;
+      for (int c = 0; c < hd; ++c) dot += float(q[c]) * float(k[c]), dp += float(g[c]) * float(v[c]);
+      const std::size_t at = (first + i) * std::size_t(H) + std::size_t(h);
+      const float pj = __expf(dot * scale - lse[at]);
+      p[i - i0] = pj;
+      ds[i - i0] = pj * (dp - Dvec[at]) * scale;
+    }
+    __syncthreads();
+    for (int c = int(threadIdx.x); c < hd; c += int(blockDim.x)) {
+      float ak = 0, av = 0;
+      for (int i = i0; i < i1; ++i) {
+        ak += ds[i - i0] * float(qkv[(first + i) * std::size_t(row) + std::size_t(h) * hd + c]);
+        av += p[i - i0] * float(dy[(first + i) * std::size_t(d) + std::size_t(h) * hd + c]);
+      }
+      dqkv[kj + c] += ak;
+      dqkv[kj + d + c] += av;
+    }
+  }
+}
+
 //! One block per row of logits in C (fp32, or bf16 as the bf16 classifier
 //! writes them), rows ld apart with the real vocabulary V <= ld first: the
-//! row's cross-entropy over the V real entries into *loss (double atomics)
-//! and, with `grad`, dloss/dz x scale written over the logits in place, zero
+//! row's cross-entropy over the V real entries into *loss (double atomics;
+//! or, with row_loss, into row_loss[row] for a sum in a fixed order) and,
+//! with `grad`, dloss/dz x scale written over the logits in place, zero
 //! in the ld - V padded columns (so the padded rows of a tied table get no
 //! gradient). 16 bytes a thread at a time (ld a multiple of 16 / sizeof(C),
 //! rows 16-byte aligned: cross_entropy() checks), several loads in flight:
@@ -252,7 +302,7 @@ __global__ void attention_backward_kernel(const Q* dy, const Q* qkv, const C* y,
 //! the classifier's GEMMs run on aligned rows.
 template <class C, bool Cached>
 __global__ void cross_entropy_kernel(C* z, const std::uint16_t* target, int V, int ld, float scale, bool grad,
-                                     double* loss) {
+                                     double* loss, double* row_loss) {
   constexpr int N = 16 / int(sizeof(C));  // elements per 16-byte chunk
   constexpr float log2e = 1.4426950408889634f;
   extern __shared__ uint4 cache[];        // Cached: the row, ld / N chunks
@@ -291,7 +341,11 @@ __global__ void cross_entropy_kernel(C* z, const std::uint16_t* target, int V, i
   s = block_reduce<false>(s, red);
   const int t = target[r];
   const float zt = float(reinterpret_cast<const C*>(from)[t]);
-  if (threadIdx.x == 0) atomicAdd(loss, double(logf(s) + m - zt));
+  if (threadIdx.x == 0) {
+    const double l = double(logf(s) + m - zt);
+    if (row_loss) row_loss[r] = l;
+    else atomicAdd(loss, l);
+  }
   if (!grad) return;
   if constexpr (!Cached) __syncthreads();  // every thread has read row[t] before it is overwritten
   const float inv = scale / s;
@@ -336,19 +390,20 @@ std::size_t cross_entropy_cache_limit() {
 
 //! Launches cross_entropy_kernel over `rows` rows on stream s: the cached
 //! form (512 threads) where a row fits in shared memory, else the one that
-//! reads the row from global memory in each of its three passes.
+//! reads the row from global memory in each of its three passes. With
+//! row_loss, each row's loss goes there instead of into *loss.
 template <class C>
 void cross_entropy(C* z, const std::uint16_t* target, int V, int ld, float scale, bool grad, double* loss,
-                   std::size_t rows, cudaStream_t s, bool allow_cache = true) {
+                   std::size_t rows, cudaStream_t s, bool allow_cache = true, double* row_loss = nullptr) {
   constexpr int N = 16 / int(sizeof(C));
   TESSERA_CHECK(ld % N == 0 && reinterpret_cast<std::uintptr_t>(z) % 16 == 0 && V <= ld,
                 "cross_entropy: rows of ", ld, " logits must be 16-byte aligned and hold the vocabulary of ", V);
   if (rows == 0) return;
   const std::size_t bytes = std::size_t(ld) * sizeof(C);
   if (allow_cache && bytes <= cross_entropy_cache_limit<C>())
-    cross_entropy_kernel<C, true><<<unsigned(rows), 512, bytes, s>>>(z, target, V, ld, scale, grad, loss);
+    cross_entropy_kernel<C, true><<<unsigned(rows), 512, bytes, s>>>(z, target, V, ld, scale, grad, loss, row_loss);
   else
-    cross_entropy_kernel<C, false><<<unsigned(rows), 256, 0, s>>>(z, target, V, ld, scale, grad, loss);
+    cross_entropy_kernel<C, false><<<unsigned(rows), 256, 0, s>>>(z, target, V, ld, scale, grad, loss, row_loss);
   check_launch();
 }
 

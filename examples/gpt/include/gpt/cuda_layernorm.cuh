@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "gpt/cuda_kernels.cuh"
+#include "gpt/cuda_ordered.cuh"
 
 namespace gpt::kernels {
 
@@ -66,10 +67,15 @@ __device__ inline void store4c(C* p, float4 v) {
 //! block's warps add theirs in shared memory (2 D floats, dynamic) and the
 //! block adds the sum to the gradients once. J = 0 (any D): every row adds
 //! into shared memory. One atomic per row and column, as this kernel first
-//! had, took four times the rest of it.
-template <class C, int J>
+//! had, took four times the rest of it. Ordered (--deterministic, J > 0):
+//! the warps add theirs one after another and the block writes its sums to
+//! partial[blockIdx.x][2 D] instead, for column_finish_kernel to add in
+//! block order.
+template <class C, int J, bool Ordered = false>
 __global__ void layernorm_backward_kernel(const float* dout, const float* x, const C* w, const float* mean,
-                                          const float* rstd, float* dx, C* dxc, float* dw, float* db, int n, int D) {
+                                          const float* rstd, float* dx, C* dxc, float* dw, float* db, int n, int D,
+                                          float* partial) {
+  static_assert(!Ordered || J > 0, "the ordered form keeps its sums in registers");
   extern __shared__ float acc[];  // dw (D), then db (D)
   for (int c = threadIdx.x; c < 2 * D; c += blockDim.x) acc[c] = 0;
   __syncthreads();
@@ -130,7 +136,21 @@ __global__ void layernorm_backward_kernel(const float* dout, const float* x, con
       }
     }
   }
-  if constexpr (J > 0) {
+  if constexpr (Ordered) {
+    for (int turn = 0; turn < warps; ++turn) {  // the same order on every run
+      if (int(threadIdx.x / 32) == turn) {
+#pragma unroll
+        for (int j = 0; j < J; ++j) {
+          const int c = 4 * (lane + 32 * j);
+          if (c < D) {
+            acc[c] += rw[j].x, acc[c + 1] += rw[j].y, acc[c + 2] += rw[j].z, acc[c + 3] += rw[j].w;
+            acc[D + c] += rb[j].x, acc[D + c + 1] += rb[j].y, acc[D + c + 2] += rb[j].z, acc[D + c + 3] += rb[j].w;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  } else if constexpr (J > 0) {
 #pragma unroll
     for (int j = 0; j < J; ++j) {
       const int c = 4 * (lane + 32 * j);
@@ -143,23 +163,38 @@ __global__ void layernorm_backward_kernel(const float* dout, const float* x, con
     }
   }
   __syncthreads();
-  for (int c = threadIdx.x; c < D; c += blockDim.x) {
-    atomicAdd(dw + c, acc[c]);
-    atomicAdd(db + c, acc[D + c]);
+  if constexpr (Ordered) {
+    for (int c = threadIdx.x; c < 2 * D; c += blockDim.x) partial[std::size_t(blockIdx.x) * 2 * std::size_t(D) + c] = acc[c];
+  } else {
+    for (int c = threadIdx.x; c < D; c += blockDim.x) {
+      atomicAdd(dw + c, acc[c]);
+      atomicAdd(db + c, acc[D + c]);
+    }
   }
 }
 
 //! Most columns layernorm_backward takes: its shared memory holds 2 D floats.
 inline constexpr int layernorm_backward_max_d = 6144;
+//! The widths the ordered form takes (D a multiple of 4, at most 2048: every
+//! GPT-2 size); its blocks and partial sums are workspace.hpp's.
+inline constexpr bool layernorm_ordered_fits(int D) { return D % 4 == 0 && D <= 2048; }
 
 //! Launches layernorm_backward_kernel over n rows of D on `blocks` blocks of
 //! 8 warps (0: two per SM of the current device, or fewer where n is small):
 //! 4 columns a lane with registers where D is a multiple of 4 up to 2048
-//! (every GPT-2 size), else the shared-memory form.
+//! (every GPT-2 size), else the shared-memory form. With `partial`
+//! (workspace::layernorm_partial_floats; --deterministic): the ordered form on
+//! up to workspace::layernorm_ordered_blocks blocks, then its sums added in
+//! block order.
 template <class C>
 void layernorm_backward(const float* dout, const float* x, const C* w, const float* mean, const float* rstd, float* dx,
-                        C* dxc, float* dw, float* db, int n, int D, cudaStream_t s, int blocks = 0) {
-  if (blocks <= 0) {
+                        C* dxc, float* dw, float* db, int n, int D, cudaStream_t s, int blocks = 0,
+                        float* partial = nullptr) {
+  if (partial) {
+    TESSERA_CHECK(layernorm_ordered_fits(D), "--deterministic: the CUDA LayerNorm backward sums in a fixed order at d a "
+                  "multiple of 4 up to 2048, not ", D);
+    blocks = std::min(blocks > 0 ? blocks : (n + 7) / 8, workspace::layernorm_ordered_blocks);
+  } else if (blocks <= 0) {
     static const int sms = [] {
       int dev = 0, v = 0;
       cudaGetDevice(&dev);
@@ -175,8 +210,21 @@ void layernorm_backward(const float* dout, const float* x, const C* w, const flo
   const bool vec = D % 4 == 0 && aligned(dout, 16) && aligned(x, 16) && aligned(dx, 16) && aligned(w, 4 * sizeof(C)) &&
                    (!dxc || aligned(dxc, 4 * sizeof(C)));
   const int per_lane = (D / 4 + 31) / 32;  // 4-column groups a lane takes
+  if (partial) {
+    TESSERA_CHECK(vec, "--deterministic: the CUDA LayerNorm backward's operands are not 16-byte aligned");
+#define TESSERA_GPT_LN_ORDERED(J) \
+  layernorm_backward_kernel<C, J, true><<<grid, 256, smem, s>>>(dout, x, w, mean, rstd, dx, dxc, dw, db, n, D, partial)
+    if (per_lane <= 2) TESSERA_GPT_LN_ORDERED(2);
+    else if (per_lane <= 4) TESSERA_GPT_LN_ORDERED(4);
+    else if (per_lane <= 8) TESSERA_GPT_LN_ORDERED(8);
+    else if (per_lane <= 13) TESSERA_GPT_LN_ORDERED(13);
+    else TESSERA_GPT_LN_ORDERED(16);
+#undef TESSERA_GPT_LN_ORDERED
+    column_finish_kernel<float><<<unsigned((2 * D + 255) / 256), 256, 0, s>>>(partial, int(grid), 2 * D, dw, D, db);
+    return;
+  }
 #define TESSERA_GPT_LN_BACKWARD(J) \
-  layernorm_backward_kernel<C, J><<<grid, 256, smem, s>>>(dout, x, w, mean, rstd, dx, dxc, dw, db, n, D)
+  layernorm_backward_kernel<C, J><<<grid, 256, smem, s>>>(dout, x, w, mean, rstd, dx, dxc, dw, db, n, D, nullptr)
   if (vec && per_lane <= 2) TESSERA_GPT_LN_BACKWARD(2);
   else if (vec && per_lane <= 4) TESSERA_GPT_LN_BACKWARD(4);
   else if (vec && per_lane <= 8) TESSERA_GPT_LN_BACKWARD(8);

@@ -7,12 +7,16 @@
 // forward ones and the GELU gradient keep whichever times faster in the first
 // step (trainer_kit::product_forms); the weight gradients accumulate, so they
 // cannot run twice to be timed, and run fused wherever cuBLASLt has the form.
-// fp32 runs the separate forms only: the host's arithmetic.
+// fp32 runs the separate forms only: the host's arithmetic. --deterministic:
+// no timing (two runs could time differently and pick different
+// arithmetic): fused wherever cuBLASLt has the form, and the separate bias
+// gradients summed in a fixed order (cuda_ordered.cuh).
 #include <cstddef>
 #include <string>
 #include <type_traits>
 
 #include "gpt/cuda_kernels.cuh"
+#include "gpt/cuda_ordered.cuh"
 #include "gpt/workspace.hpp"
 #include "tessera/backend/cuda/blaslt.hpp"
 #include "tessera/backend/cuda/buffer.hpp"
@@ -32,9 +36,10 @@ public:
   template <class TD> using problem = tessera::cuda::matmul_problem<C, TD>;
   using epilogue = tessera::cuda::epilogue;
 
-  explicit cuda_products(int d) : bias32_(4 * std::size_t(d)) {}
-  //! Device bytes this class holds (an fp32 bias or bias gradient of the widest product).
-  [[nodiscard]] static std::size_t workspace_bytes(int d) { return workspace::products_bytes(d); }
+  //! Products of up to n_max rows of width d.
+  cuda_products(int d, std::size_t n_max, bool deterministic)
+      : deterministic_(deterministic), bias32_(4 * std::size_t(d)),
+        partial_(deterministic ? workspace::products_partial_floats(n_max, d) : 0) {}
 
   //! Which products may run fused, at up to n rows of width d (any_c, any_f:
   //! device memory cuBLASLt's heuristic may look at for alignment).
@@ -42,7 +47,7 @@ public:
     const bool fp32 = std::is_same_v<C, float>;
     for (std::size_t p = 0; p < count; ++p) {
       const bool can = !fp32 && fusable(product(p), int(n), d, any_c, any_f);
-      if (p >= fcproj_wgrad) forms_.force(p, true, can);
+      if (p >= fcproj_wgrad || deterministic_) forms_.force(p, true, can);
       else forms_.allow(p, can);
     }
   }
@@ -90,10 +95,9 @@ public:
       kernels::check_launch();
       return;
     }
-    const dim3 g(unsigned((out + 255) / 256), unsigned((n + 255) / 256));
-    if (dY32) kernels::column_sum_kernel<<<g, 256, 0, stream()>>>(dY32, int(n), int(out), db);
-    else kernels::column_sum_kernel<<<g, 256, 0, stream()>>>(dY, int(n), int(out), db);
-    kernels::check_launch();
+    float* partial = deterministic_ ? partial_.data() : nullptr;
+    if (dY32) kernels::column_sum(dY32, int(n), int(out), db, partial, stream());
+    else kernels::column_sum(dY, int(n), int(out), db, partial, stream());
   }
 
 private:
@@ -144,7 +148,9 @@ private:
     }
   }
 
-  tessera::cuda::buffer<float> bias32_;  // a bias widened to fp32, or an epilogue's bias gradient
+  bool deterministic_;
+  tessera::cuda::buffer<float> bias32_;   // a bias widened to fp32, or an epilogue's bias gradient
+  tessera::cuda::buffer<float> partial_;  // --deterministic: the separate bias gradients' partial sums
   trainer_kit::product_forms<count> forms_{{"qkv + bias", "proj + bias + residual", "fc + bias, GELU",
                                             "fc_proj + bias + residual", "GELU gradient", "dW fc_proj, db", "dW fc, db",
                                             "dW proj, db", "dW qkv, db"}};

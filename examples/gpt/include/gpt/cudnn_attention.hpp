@@ -26,7 +26,9 @@ public:
   //! statistics; qkv rows are [q | k | v], each head's hd columns together
   //! (B, T, 3, H, hd), the output (B, T, H, hd). Throws tessera::error with
   //! cuDNN's reason where it cannot run them (an old cuDNN, a GPU before sm_80).
-  cudnn_attention(int B, int T, int H, int hd);
+  //! deterministic: cuDNN's deterministic backward (no atomics in dq), or a
+  //! tessera::error where this cuDNN has none for the shape.
+  cudnn_attention(int B, int T, int H, int hd, bool deterministic = false);
   ~cudnn_attention();
   cudnn_attention(const cudnn_attention&) = delete;
   cudnn_attention& operator=(const cudnn_attention&) = delete;

@@ -31,6 +31,10 @@ struct net_options {
   //! build has it and it runs, else flash), cudnn, flash or exact. The host
   //! net has one (exact).
   std::string attention = "auto";
+  //! The CUDA net sums every gradient and the loss in a fixed order
+  //! (cuda_ordered.cuh; cuDNN's deterministic backward): the same bits on
+  //! every run. The host net's sums are ordered already.
+  bool deterministic = false;
 };
 
 //! Rows of logits the classifier holds at once: the fp32 logits of the whole

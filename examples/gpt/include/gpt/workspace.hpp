@@ -23,12 +23,34 @@ inline constexpr std::size_t cublaslt_bytes = std::size_t(32) << 20;
 //! The products' fp32 bias (or bias gradient) of the widest product (cuda_products.cuh).
 inline constexpr std::size_t products_bytes(int d) { return 4 * std::size_t(d) * sizeof(float); }
 
+//! --deterministic's sums in a fixed order (cuda_ordered.cuh): a column sum
+//! over n rows keeps a partial sum per 256 rows and column; LayerNorm's
+//! backward runs on a fixed number of blocks (not the device's SM count, so
+//! that its order is the same on any GPU), each keeping 2 d partial sums.
+inline constexpr std::size_t column_sum_partial_floats(std::size_t n, std::size_t cols) { return (n + 255) / 256 * cols; }
+inline constexpr int layernorm_ordered_blocks = 256;
+inline constexpr std::size_t layernorm_partial_floats(int d) {
+  return std::size_t(layernorm_ordered_blocks) * 2 * std::size_t(d);
+}
+//! The products' bias gradients, the widest 4 d columns.
+inline constexpr std::size_t products_partial_floats(std::size_t n, int d) { return column_sum_partial_floats(n, 4 * std::size_t(d)); }
+//! Ints of the token embedding's rows grouped by token (token_groups): at most 4 n + 1.
+inline constexpr std::size_t token_group_ints(std::size_t n) { return 4 * n + 1; }
+//! What --deterministic adds at n rows: those partial sums, each row's loss
+//! (summed in order), the token groups; the attention's row dots (D) are
+//! counted with flash's.
+inline std::size_t deterministic_bytes(const model_shape& s, int batch) {
+  const std::size_t n = std::size_t(batch) * std::size_t(s.seq);
+  return sizeof(float) * (products_partial_floats(n, s.d) + layernorm_partial_floats(s.d)) + sizeof(double) * n +
+         sizeof(int) * token_group_ints(n);
+}
+
 //! Device bytes of cuda_gpt<C> at `batch` sequences per micro-batch: every
 //! block's saved activations (one block's with recompute), the residual
 //! stream, the backward's buffers, the logits chunk; `flash`: flash attention
-//! runs (its row dots).
+//! runs (its row dots, which --deterministic keeps on every attention path).
 template <class C>
-std::size_t cuda_bytes(const model_shape& s, int batch, bool recompute, bool flash) {
+std::size_t cuda_bytes(const model_shape& s, int batch, bool recompute, bool flash, bool deterministic = false) {
   const std::size_t n = std::size_t(batch) * std::size_t(s.seq), D = std::size_t(s.d), L = std::size_t(s.layers),
                     slots = recompute ? 1 : L, rows = std::min(chunk_rows, n), V = std::size_t(s.padded_vocab()),
                     H = std::size_t(s.heads);
@@ -36,7 +58,8 @@ std::size_t cuda_bytes(const model_shape& s, int batch, bool recompute, bool fla
          products_bytes(s.d) +
          sizeof(C) * (slots * 3 * n * D + slots * 4 * n * D + 3 * slots * n * D + n * D + 4 * n * D + 3 * n * D + 2 * n * D +
                       rows * V) +
-         sizeof(std::uint16_t) * 2 * n + sizeof(double) + (flash ? sizeof(float) * n * H : 0);
+         sizeof(std::uint16_t) * 2 * n + sizeof(double) + (flash || deterministic ? sizeof(float) * n * H : 0) +
+         (deterministic ? deterministic_bytes(s, batch) : 0);
 }
 
 }  // namespace gpt::workspace

@@ -17,6 +17,7 @@
 #include "mlp_lm/workspace.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/vec.hpp"
+#include "trainer_kit/grouped_rows.cuh"
 #include "trainer_kit/host_math.hpp"
 
 namespace mlp_lm::gpu {
@@ -81,32 +82,11 @@ void one_hot(const std::uint8_t* bytes, std::size_t rows, C* S) {
 
 // The embedding gradient without a GEMM (when cuBLASLt has none for the row width):
 // gE[v, c] (+)= sum over rows r with byte v of dX[r, c]. `order` lists the rows
-// grouped by byte (starts[v] .. starts[v+1]), so each block owns a set of
-// outputs and sums in a fixed order: no atomics, reproducible.
-template <class C>
-__global__ void embed_backward_kernel(const C* dX, const int* order, const int* starts, int e, float* gE, bool overwrite) {
-  const int v = int(blockIdx.y), c = int(blockIdx.x) * 32 + int(threadIdx.x);
-  float s = 0;
-  if (c < e)
-    for (int i = starts[v] + int(threadIdx.y); i < starts[v + 1]; i += 8)
-      s += convert<float>(dX[std::size_t(order[i]) * std::size_t(e) + std::size_t(c)]);
-  __shared__ float part[8][33];
-  part[threadIdx.y][threadIdx.x] = s;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < e) {
-    float t = 0;
-#pragma unroll
-    for (int y = 0; y < 8; ++y) t += part[y][threadIdx.x];
-    float& out = gE[std::size_t(v) * std::size_t(e) + std::size_t(c)];
-    out = overwrite ? t : out + t;
-  }
-}
-
+// grouped by byte (starts[v] .. starts[v+1]): trainer_kit's grouped rows, a
+// fixed summation order with no atomics.
 template <class C>
 void embed_backward(const C* dX, const int* order, const int* starts, int e, float* gE, bool overwrite) {
-  const dim3 grid(unsigned((e + 31) / 32), vocab), block(32, 8);
-  embed_backward_kernel<<<grid, block, 0, tessera::cuda::current_stream()>>>(dX, order, starts, e, gE, overwrite);
-  TESSERA_CUDA(cudaGetLastError());
+  trainer_kit::grouped_rows(dX, order, starts, nullptr, vocab, e, gE, overwrite, tessera::cuda::current_stream());
 }
 
 // One warp per token: loss = logsumexp(z) - z[target], and dZ = scale (softmax(z) - onehot(target))
