@@ -97,7 +97,13 @@ def main():
     copy_gbs = None
     if "--copy-gbs" in args:
         i = args.index("--copy-gbs")
-        copy_gbs = float(args[i + 1])
+        try:
+            copy_gbs = float(args[i + 1])
+        except (IndexError, ValueError):
+            sys.exit(f"tessera: --copy-gbs needs the device copy's GB/s (a number), got "
+                     f"{args[i + 1] if i + 1 < len(args) else 'nothing'}")
+        if not copy_gbs > 0:
+            sys.exit(f"tessera: --copy-gbs {args[i + 1]} is not a positive speed")
         del args[i:i + 2]
     if not args:
         sys.exit(__doc__)

@@ -51,6 +51,12 @@ for want in ["| LayerNorm forward | 1 | 30.0 | 30.0 | 3.1% | 80.0 | 20.0 | 1.50 
              "226.0 us = 876.0 us; the step's kernels sum to 980.0 us (89.4% of it is the floor)"]:
     if want not in text:
         failures.append(f"missing: {want}")
+# A missing or bad speed is one tessera: line and exit 1, not a traceback.
+for bad, part in [([], "got nothing"), (["abc"], "got abc"), (["-3"], "is not a positive speed")]:
+    res = subprocess.run([sys.executable, summary, path, "--copy-gbs"] + bad, capture_output=True, text=True)
+    if res.returncode != 1 or not res.stderr.startswith("tessera: --copy-gbs") or part not in res.stderr \
+            or "Traceback" in res.stderr:
+        failures.append(f"--copy-gbs {bad}: exit {res.returncode}, stderr {res.stderr!r}")
 if failures:
     print("FAIL:\n  " + "\n  ".join(failures))
     sys.exit(1)
