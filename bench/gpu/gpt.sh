@@ -126,6 +126,7 @@ else
       shape=$([ -n "$flags" ] && echo "--layers 2 --heads 2 --d 128 --seq 80")
       if TESSERA_DET_WORLDS="$worlds" TESSERA_DET_GPT_SHAPE="${shape:---layers 2 --heads 2 --d 32 --seq 16}" \
            timeout 400 python3 tests/trainer/check_determinism.py mpirun "$bin/tessera-gpt" "$prec" --backend cuda $flags \
+           --data "$(realpath "$gpt_text")" --text \
            >"$LOGS/gpt-determinism-$tag.log" 2>&1; then
         log "PASS gpt determinism (cuda, $prec $flags): $(grep -c '^ok' "$LOGS/gpt-determinism-$tag.log") checks"
       else
