@@ -123,8 +123,9 @@ else
     worlds=${TESSERA_GPT_DET_WORLDS:-1 2 3}
     for spec in "fp32:" "bf16:" "bf16:--attention flash"; do
       prec=${spec%%:*} flags=${spec#*:} tag=$prec${flags:+-flash}
-      shape=$([ -n "$flags" ] && echo "--layers 2 --heads 2 --d 128 --seq 80")
-      if TESSERA_DET_WORLDS="$worlds" TESSERA_DET_GPT_SHAPE="${shape:---layers 2 --heads 2 --d 32 --seq 16}" \
+      shape=()  # check_determinism.py's own shape, or head dimension 64 where flash runs
+      [ -n "$flags" ] && shape=(TESSERA_DET_GPT_SHAPE="--layers 2 --heads 2 --d 128 --seq 80")
+      if env "${shape[@]}" TESSERA_DET_WORLDS="$worlds" \
            timeout 400 python3 tests/trainer/check_determinism.py mpirun "$bin/tessera-gpt" "$prec" --backend cuda $flags \
            --data "$(realpath "$gpt_text")" --text \
            >"$LOGS/gpt-determinism-$tag.log" 2>&1; then

@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "gpt/model.hpp"
+#include "gpt/workspace.hpp"
 #include "tessera/policy/config.hpp"
 
 namespace gpt {
@@ -122,10 +123,8 @@ inline int parse(int argc, char** argv, options& o) {
   if (const std::string e = trainer_kit::mesh_options_error(o.shard_group, o.outer, o.wrapper, o.strategy); !e.empty())
     return bad(e);
   if (o.attention != "auto" && o.backend != "cuda") return bad("--attention chooses the CUDA net's kernels; give --backend cuda");
-  // The GPU's LayerNorm backward sums its weight gradients in a fixed order 4 columns a lane, in registers.
-  if (o.deterministic && o.backend == "cuda" && (o.shape.d % 4 != 0 || o.shape.d > 2048))
-    return bad("--deterministic on the GPU sums LayerNorm's gradients in a fixed order at --d a multiple of 4 up to "
-               "2048, not " + std::to_string(o.shape.d));
+  if (o.deterministic && o.backend == "cuda" && !workspace::layernorm_ordered_fits(o.shape.d))
+    return bad(workspace::layernorm_ordered_refusal(o.shape.d));
   if (!tessera::wrapper_supports(o.wrapper, o.strategy))
     return bad(o.wrapper == "ddp" ? "--wrapper ddp cannot shard parameters; use --wrapper fsdp or fsdp2 for optim_grads_params"
                                    : "--wrapper fsdp2 runs optim_grads_params only; use --wrapper fsdp or ddp for " + o.strategy);

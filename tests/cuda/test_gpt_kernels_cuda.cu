@@ -314,7 +314,7 @@ BOOST_AUTO_TEST_CASE(layernorm_forward_and_backward_match_float64) {
       }
       BOOST_TEST(rel_error(to_host(out), y) <= 1e-6);
       for (const bool ordered : {false, true}) {
-        if (ordered && !gpt::kernels::layernorm_ordered_fits(D)) continue;
+        if (ordered && !gpt::workspace::layernorm_ordered_fits(D)) continue;
         BOOST_TEST_CONTEXT((ordered ? "ordered" : "atomics")) {
           const result got = backward(ordered);
           BOOST_TEST(rel_error(got.dx, dx) <= 1e-5);

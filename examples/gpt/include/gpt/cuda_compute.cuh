@@ -71,8 +71,7 @@ public:
                   flash::head_dim, " on sm_80 or newer; this run has ", fp32 ? "fp32" : "bf16", " and head dimension ",
                   s.head_dim());
     TESSERA_CHECK(o.attention != "cudnn" || !fp32, "--attention cudnn runs bf16 (--precision bf16)");
-    TESSERA_CHECK(!o.deterministic || kernels::layernorm_ordered_fits(s.d), "--deterministic on the GPU sums LayerNorm's "
-                  "gradients in a fixed order at --d a multiple of 4 up to 2048, not ", s.d);
+    TESSERA_CHECK(!o.deterministic || workspace::layernorm_ordered_fits(s.d), workspace::layernorm_ordered_refusal(s.d));
     // cuDNN's fused attention for the training shape (batch x seq); other
     // shapes (sampling) run flash or exact. In auto, a cuDNN that cannot run
     // this shape leaves flash, and the banner says why.

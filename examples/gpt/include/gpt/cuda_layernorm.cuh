@@ -175,9 +175,6 @@ __global__ void layernorm_backward_kernel(const float* dout, const float* x, con
 
 //! Most columns layernorm_backward takes: its shared memory holds 2 D floats.
 inline constexpr int layernorm_backward_max_d = 6144;
-//! The widths the ordered form takes (D a multiple of 4, at most 2048: every
-//! GPT-2 size); its blocks and partial sums are workspace.hpp's.
-inline constexpr bool layernorm_ordered_fits(int D) { return D % 4 == 0 && D <= 2048; }
 
 //! Launches layernorm_backward_kernel over n rows of D on `blocks` blocks of
 //! 8 warps (0: two per SM of the current device, or fewer where n is small):
@@ -191,8 +188,7 @@ void layernorm_backward(const float* dout, const float* x, const C* w, const flo
                         C* dxc, float* dw, float* db, int n, int D, cudaStream_t s, int blocks = 0,
                         float* partial = nullptr) {
   if (partial) {
-    TESSERA_CHECK(layernorm_ordered_fits(D), "--deterministic: the CUDA LayerNorm backward sums in a fixed order at d a "
-                  "multiple of 4 up to 2048, not ", D);
+    TESSERA_CHECK(workspace::layernorm_ordered_fits(D), workspace::layernorm_ordered_refusal(D));
     blocks = std::min(blocks > 0 ? blocks : (n + 7) / 8, workspace::layernorm_ordered_blocks);
   } else if (blocks <= 0) {
     static const int sms = [] {

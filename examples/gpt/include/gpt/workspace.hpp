@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "gpt/model.hpp"
 
@@ -29,6 +30,14 @@ inline constexpr std::size_t products_bytes(int d) { return 4 * std::size_t(d) *
 //! that its order is the same on any GPU), each keeping 2 d partial sums.
 inline constexpr std::size_t column_sum_partial_floats(std::size_t n, std::size_t cols) { return (n + 255) / 256 * cols; }
 inline constexpr int layernorm_ordered_blocks = 256;
+//! The widths the ordered LayerNorm backward takes (4 columns a lane in
+//! registers: d a multiple of 4, at most 2048, every GPT-2 size), and what
+//! --deterministic on the GPU says otherwise (options.hpp, the CUDA net).
+inline constexpr bool layernorm_ordered_fits(int d) { return d % 4 == 0 && d <= 2048; }
+inline std::string layernorm_ordered_refusal(int d) {
+  return "--deterministic on the GPU sums LayerNorm's gradients in a fixed order at --d a multiple of 4 up to 2048, "
+         "not " + std::to_string(d);
+}
 inline constexpr std::size_t layernorm_partial_floats(int d) {
   return std::size_t(layernorm_ordered_blocks) * 2 * std::size_t(d);
 }
