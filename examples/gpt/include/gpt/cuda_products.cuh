@@ -12,6 +12,8 @@
 // arithmetic): fused wherever cuBLASLt has the form, and the separate bias
 // gradients summed in a fixed order (cuda_ordered.cuh).
 #include <cstddef>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 
@@ -25,6 +27,8 @@
 
 static_assert(gpt::workspace::cublaslt_bytes == tessera::cuda::matmul_workspace_bytes(),
               "tessera-plan counts the cuBLASLt workspace the library allocates");
+static_assert(gpt::workspace::matmul_tuning_limit == tessera::cuda::matmul_tuning_scratch_bytes(),
+              "tessera-plan counts the scratch the library's kernel tuning allocates");
 
 namespace gpt {
 
@@ -39,7 +43,14 @@ public:
   //! Products of up to n_max rows of width d.
   cuda_products(int d, std::size_t n_max, bool deterministic)
       : deterministic_(deterministic), bias32_(4 * std::size_t(d)),
-        partial_(deterministic ? workspace::products_partial_floats(n_max, d) : 0) {}
+        partial_(deterministic ? workspace::products_partial_floats(n_max, d) : 0) {
+    // bf16 without --deterministic: each product keeps the fastest of
+    // cuBLASLt's first candidate kernels, timed in its first run (the
+    // heuristic's first is not always the fastest at GPT-2's shapes). fp32
+    // keeps the heuristic's (the host's arithmetic), --deterministic too (a
+    // timed choice could differ between runs).
+    tessera::cuda::set_matmul_tuning(std::is_same_v<C, float> || deterministic ? 1 : candidates());
+  }
 
   //! Which products may run fused, at up to n rows of width d (any_c, any_f:
   //! device memory cuBLASLt's heuristic may look at for alignment).
@@ -51,7 +62,14 @@ public:
       else forms_.allow(p, can);
     }
   }
-  [[nodiscard]] std::string describe() const { return forms_.describe(); }
+  [[nodiscard]] std::string describe() const {
+    const auto t = tessera::cuda::matmul_tuning_result();
+    if (t.timed == 0) return forms_.describe();
+    char line[200];
+    std::snprintf(line, sizeof line, "; cuBLASLt kernels timed for %d products, %d kept one other than the "
+                  "heuristic's first: one run of each %.3f ms, was %.3f ms", t.timed, t.changed, t.kept_ms, t.first_ms);
+    return forms_.describe() + line;
+  }
 
   template <class TD>
   static void mm(problem<TD> p) {
@@ -102,6 +120,15 @@ public:
 
 private:
   static cudaStream_t stream() { return tessera::cuda::current_stream(); }
+  // Candidates timed per product: 8, or TESSERA_MATMUL_CANDIDATES (1: the heuristic's first, untimed).
+  static int candidates() {
+    const char* e = std::getenv("TESSERA_MATMUL_CANDIDATES");
+    if (!e) return 8;
+    char* end = nullptr;
+    const long v = std::strtol(e, &end, 10);
+    TESSERA_CHECK(*e && !*end && v >= 1 && v <= 64, "TESSERA_MATMUL_CANDIDATES=", e, " is not a count from 1 to 64");
+    return int(v);
+  }
 
   // A bias in C as fp32 (bias32_), for an epilogue whose output is fp32.
   const float* widen(const C* b, std::size_t n) {

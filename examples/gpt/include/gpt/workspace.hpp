@@ -21,6 +21,20 @@ inline constexpr std::size_t chunk_rows = 4096;
 //! cuBLASLt's workspace, one per (device, stream) (tessera/backend/cuda/blaslt.hpp),
 //! counted in the library's device memory like any buffer.
 inline constexpr std::size_t cublaslt_bytes = std::size_t(32) << 20;
+//! The products' kernel tuning (bf16 without --deterministic: each product
+//! keeps the fastest of cuBLASLt's first candidates, timed in the first
+//! step) times a weight gradient, which accumulates, on a scratch fp32 copy
+//! of its result, freed at once; the library leaves untimed one over its
+//! limit. The largest scratch the net's products take: an upper bound on
+//! what the first step adds for a moment.
+inline constexpr std::size_t matmul_tuning_limit = std::size_t(64) << 20;
+inline std::size_t tuning_scratch_bytes(const model_shape& s) {
+  const std::size_t D = std::size_t(s.d), V = std::size_t(s.padded_vocab());
+  std::size_t most = 0;
+  for (const std::size_t elems : {4 * D * D, 3 * D * D, D * D, V * D})
+    if (elems * sizeof(float) <= matmul_tuning_limit) most = std::max(most, elems * sizeof(float));
+  return most;
+}
 //! The products' fp32 bias (or bias gradient) of the widest product (cuda_products.cuh).
 inline constexpr std::size_t products_bytes(int d) { return 4 * std::size_t(d) * sizeof(float); }
 
@@ -68,7 +82,8 @@ std::size_t cuda_bytes(const model_shape& s, int batch, bool recompute, bool fla
          sizeof(C) * (slots * 3 * n * D + slots * 4 * n * D + 3 * slots * n * D + n * D + 4 * n * D + 3 * n * D + 2 * n * D +
                       rows * V) +
          sizeof(std::uint16_t) * 2 * n + sizeof(double) + (flash || deterministic ? sizeof(float) * n * H : 0) +
-         (deterministic ? deterministic_bytes(s, batch) : 0);
+         (deterministic ? deterministic_bytes(s, batch) : 0) +
+         (deterministic || sizeof(C) == sizeof(float) ? 0 : tuning_scratch_bytes(s));
 }
 
 }  // namespace gpt::workspace

@@ -11,12 +11,20 @@
 //! Descriptors and the heuristic's choice are cached per thread by problem
 //! (shapes, types, epilogue, pointer alignment), so a training step pays for
 //! the search once. Each (device, stream) gets its own workspace.
+//!
+//! The heuristic's first kernel is not always the fastest at a shape; with
+//! set_matmul_tuning(k), the first run of each problem times the heuristic's
+//! first k candidates on its own operands and keeps the fastest (as cuBLAS's
+//! own cublasLtMatmulAlgo benchmarks and PyTorch's TunableOp do).
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <tuple>
+#include <vector>
 
 #include "tessera/backend/cuda/blas.hpp"
 #include "tessera/backend/cuda/buffer.hpp"
@@ -74,11 +82,15 @@ struct lt_handle {
 
 // 32 MiB: what cuBLASLt's Hopper kernels ask for at most in practice.
 constexpr std::size_t lt_workspace_bytes = std::size_t(32) << 20;
+// The most a tuned product that accumulates into D allocates for a scratch D while it is timed.
+constexpr std::size_t tuning_scratch_bytes = std::size_t(64) << 20;
 
 struct lt_plan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  bool timed = false;                // the candidates were timed (set_matmul_tuning)
+  float first_ms = 0, kept_ms = 0;   // then: the heuristic's first's time and the kept one's
   lt_plan() = default;
   lt_plan(const lt_plan&) = delete;
   lt_plan& operator=(const lt_plan&) = delete;
@@ -133,13 +145,108 @@ struct lt_state {
   lt_handle handle;
   std::map<lt_key, std::unique_ptr<lt_plan>> plans;
   std::map<std::pair<int, cudaStream_t>, buffer<std::byte>> workspaces;
+  int tuning = 1;  // candidates timed per problem (1: the heuristic's first, untimed)
 };
 inline lt_state& lt_thread_state() {
   thread_local lt_state s;
   return s;
 }
 
+// cuBLASLt's candidates for plan, best first, within the workspace we give it.
+inline cublasStatus_t heuristic(lt_state& st, const lt_plan& plan, std::span<cublasLtMatmulHeuristicResult_t> out,
+                                int& found) {
+  cublasLtMatmulPreference_t pref = nullptr;
+  TESSERA_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
+  const std::size_t ws = lt_workspace_bytes;
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+  found = 0;
+  const cublasStatus_t rc = cublasLtMatmulAlgoGetHeuristic(st.handle.h, plan.op, plan.a, plan.b, plan.d, plan.d, pref,
+                                                           int(out.size()), out.data(), &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  return rc;
+}
+
 }  // namespace detail
+
+namespace detail {
+
+// D = epilogue(alpha A B + beta C) through one algorithm (our A and B swapped: see lt_plan_for).
+template <class TA, class TD>
+cublasStatus_t lt_run(lt_state& st, lt_plan& plan, const cublasLtMatmulAlgo_t& algo, const matmul_problem<TA, TD>& p,
+                      const TD* c, TD* d, buffer<std::byte>& ws, cudaStream_t s) {
+  return cublasLtMatmul(st.handle.h, plan.op, &p.alpha, p.b, plan.a, p.a, plan.b, &p.beta, c, plan.d, d, plan.d,
+                        &algo, ws.data(), ws.size(), s);
+}
+
+// Times the heuristic's first st.tuning candidates for p and keeps the fastest
+// in plan. The runs write p's outputs in place where the real run rewrites them
+// all (beta 0, or C apart from D; the aux and bias gradient an epilogue writes);
+// a product that accumulates into D runs on a zeroed scratch D instead, and is
+// left with the heuristic's first if that would exceed tuning_scratch_bytes.
+// A stream being captured into a graph is not timed (events cannot be waited on).
+template <class TA, class TD>
+void tune(lt_state& st, lt_plan& plan, const matmul_problem<TA, TD>& p, buffer<std::byte>& ws, cudaStream_t s) {
+  plan.timed = true;
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  TESSERA_CUDA(cudaStreamIsCapturing(s, &capturing));
+  if (capturing != cudaStreamCaptureStatusNone) return;
+  std::vector<cublasLtMatmulHeuristicResult_t> cand(std::size_t(st.tuning));
+  int found = 0;
+  if (heuristic(st, plan, cand, found) != CUBLAS_STATUS_SUCCESS || found < 2) return;
+  const bool accumulates = p.beta != 0 && p.c == nullptr;
+  const std::size_t d_elems = std::size_t(p.ldd ? p.ldd : p.n) * std::size_t(p.m);
+  if (accumulates && d_elems * sizeof(TD) > tuning_scratch_bytes) return;
+  buffer<TD> scratch(accumulates ? d_elems : 0);
+  if (accumulates) TESSERA_CUDA(cudaMemsetAsync(scratch.data(), 0, d_elems * sizeof(TD), s));
+  TD* d = accumulates ? scratch.data() : p.d;
+  const TD* c = accumulates ? scratch.data() : p.c ? p.c : p.d;
+  event start(true), stop(true);
+  constexpr int reps = 3;
+  float best = 0;
+  for (int i = 0; i < found; ++i) {
+    const auto& algo = cand[std::size_t(i)].algo;
+    if (cand[std::size_t(i)].state != CUBLAS_STATUS_SUCCESS || lt_run(st, plan, algo, p, c, d, ws, s) != CUBLAS_STATUS_SUCCESS)
+      continue;  // warm-up; a candidate that cannot run this problem is skipped
+    start.record(s);
+    for (int r = 0; r < reps; ++r) TESSERA_CUBLAS(lt_run(st, plan, algo, p, c, d, ws, s));
+    stop.record(s);
+    stop.synchronize();
+    float ms = 0;
+    TESSERA_CUDA(cudaEventElapsedTime(&ms, start.get(), stop.get()));
+    ms /= reps;
+    if (i == 0) plan.first_ms = ms;
+    if (best == 0 || ms < best) best = ms, plan.algo = algo;
+  }
+  plan.kept_ms = best;
+}
+
+}  // namespace detail
+
+//! Each new problem on this thread times the first `candidates` kernels of
+//! cuBLASLt's heuristic in its first run and keeps the fastest (1, the
+//! default: the heuristic's first, untimed). Timed choices can differ between
+//! runs and machines and so can their rounding: a run that must repeat its
+//! bits (--deterministic) keeps 1. Problems already timed keep their choice.
+inline void set_matmul_tuning(int candidates) { detail::lt_thread_state().tuning = std::max(1, candidates); }
+
+//! What tuning did on this thread: problems timed, how many kept a kernel other
+//! than the heuristic's first, and one run of each, summed, in the heuristic's
+//! first kernel and in the kept one (milliseconds).
+struct matmul_tuning_summary {
+  int timed = 0, changed = 0;
+  double first_ms = 0, kept_ms = 0;
+};
+[[nodiscard]] inline matmul_tuning_summary matmul_tuning_result() {
+  matmul_tuning_summary r;
+  for (const auto& [key, plan] : detail::lt_thread_state().plans) {
+    if (!plan || plan->kept_ms <= 0) continue;
+    ++r.timed;
+    r.changed += plan->kept_ms < plan->first_ms;
+    r.first_ms += plan->first_ms;
+    r.kept_ms += plan->kept_ms;
+  }
+  return r;
+}
 
 //! Whether this problem's shape, types and epilogue have a cuBLASLt kernel
 //! (cached; false instead of an error, so a caller can fall back to plain
@@ -206,15 +313,9 @@ lt_plan* lt_plan_for(const matmul_problem<TA, TD>& p, bool throw_if_none) {
   TESSERA_CUBLAS(cublasLtMatrixLayoutCreate(&plan->b, cuda_type<TA>(), p.trans_a ? p.m : p.k, p.trans_a ? p.k : p.m, lda));
   TESSERA_CUBLAS(cublasLtMatrixLayoutCreate(&plan->d, cuda_type<TD>(), p.n, p.m, ldd));
 
-  cublasLtMatmulPreference_t pref = nullptr;
-  TESSERA_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
-  const std::size_t ws = lt_workspace_bytes;
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  const cublasStatus_t rc = cublasLtMatmulAlgoGetHeuristic(st.handle.h, plan->op, plan->a, plan->b, plan->d, plan->d,
-                                                           pref, 1, &result, &found);
-  cublasLtMatmulPreferenceDestroy(pref);
+  const cublasStatus_t rc = heuristic(st, *plan, std::span(&result, 1), found);
   if (rc != CUBLAS_STATUS_SUCCESS || found == 0) {
     st.plans.erase(key);
     if (!throw_if_none) return nullptr;
@@ -262,9 +363,14 @@ void matmul(const matmul_problem<TA, TD>& p) {
   auto& st = detail::lt_thread_state();
   auto& ws = st.workspaces[{dev, s}];
   if (ws.size() == 0) ws = buffer<std::byte>(detail::lt_workspace_bytes);
-  TESSERA_CUBLAS(cublasLtMatmul(st.handle.h, plan->op, &p.alpha, p.b, plan->a, p.a, plan->b, &p.beta, p.c ? p.c : p.d, plan->d, p.d,
-                                plan->d, &plan->algo, ws.data(), ws.size(), s));
+  if (st.tuning > 1 && !plan->timed) detail::tune(st, *plan, p, ws, s);
+  TESSERA_CUBLAS(detail::lt_run(st, *plan, plan->algo, p, p.c ? p.c : p.d, p.d, ws, s));
 }
+
+//! The most device memory a tuned product that accumulates into D
+//! allocates for a scratch D while it is timed (freed after; a larger one
+//! keeps the heuristic's first).
+[[nodiscard]] constexpr std::size_t matmul_tuning_scratch_bytes() noexcept { return detail::tuning_scratch_bytes; }
 
 //! Bytes of cuBLASLt workspace this thread holds on the device (counted in memory_of<backend::cuda>()).
 [[nodiscard]] constexpr std::size_t matmul_workspace_bytes() noexcept { return detail::lt_workspace_bytes; }
