@@ -237,7 +237,6 @@ private:
   static void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const T* a, const T* b, float beta, TC* c) {
     products::gemm(ta, tb, m, n, k, alpha, a, b, beta, c);
   }
-  static unsigned rows_grid(std::size_t rows) { return unsigned((rows + 7) / 8); }  // 8 warps of 256 threads, a row each
   const std::uint16_t* inputs() const { return tok_.data(); }
   const std::uint16_t* targets() const { return tok_.data() + n_max_; }
   // --deterministic's buffers (null otherwise): each row's loss, LayerNorm's partial sums.
@@ -313,7 +312,7 @@ private:
     const float* xin = x_.data() + std::size_t(l) * n_max_ * D;
     float* xout = x_.data() + std::size_t(l + 1) * n_max_ * D;
     const slot a = slot_of(l);
-    kernels::layernorm_kernel<C><<<rows_grid(n), 256, 0, stream()>>>(xin, w.ln1_w, w.ln1_b, a.xn1, a.mean1, a.rstd1, int(n), int(D));
+    kernels::layernorm<C>(xin, w.ln1_w, w.ln1_b, a.xn1, a.mean1, a.rstd1, int(n), int(D), stream());
     check_launch();
     prod_.run(products::qkv_fwd, [&](bool fuse) {  // qkv = xn1 Wqkv^T + bqkv, in C
       mm<C>({.trans_b = true, .m = int(n), .n = int(3 * D), .k = int(D), .a = a.xn1, .b = w.qkv_w, .d = a.qkv,
@@ -324,7 +323,7 @@ private:
     });
     attention(a, B, T);
     prod_.linear(products::proj_fwd, a.y, w.proj_w, w.proj_b, xin, a.xmid, n, D, D);  // xmid = x + y Wp^T + bp
-    kernels::layernorm_kernel<C><<<rows_grid(n), 256, 0, stream()>>>(a.xmid, w.ln2_w, w.ln2_b, a.xn2, a.mean2, a.rstd2, int(n), int(D));
+    kernels::layernorm<C>(a.xmid, w.ln2_w, w.ln2_b, a.xn2, a.mean2, a.rstd2, int(n), int(D), stream());
     check_launch();
     // act = gelu(h), h = xn2 Wfc^T + bfc kept for backward
     prod_.run(products::fc_fwd, [&](bool fuse) {
@@ -420,9 +419,8 @@ private:
   void head(const C* E, std::size_t n, F&& f) {
     const std::size_t D = std::size_t(s_.d), V = std::size_t(s_.padded_vocab());
     float* st = stats_.data() + stats_.size() - 2 * n_max_;
-    kernels::layernorm_kernel<C><<<rows_grid(n), 256, 0, stream()>>>(
-        x_.data() + std::size_t(s_.layers) * n_max_ * D, E + m_.slot(ids_.lnf_w).offset, E + m_.slot(ids_.lnf_b).offset,
-        xf_.data(), st, st + n_max_, int(n), int(D));
+    kernels::layernorm<C>(x_.data() + std::size_t(s_.layers) * n_max_ * D, E + m_.slot(ids_.lnf_w).offset,
+                          E + m_.slot(ids_.lnf_b).offset, xf_.data(), st, st + n_max_, int(n), int(D), stream());
     check_launch();
     const std::size_t step = std::min(chunk_rows, n_max_);
     for (std::size_t r0 = 0; r0 < n; r0 += step) {

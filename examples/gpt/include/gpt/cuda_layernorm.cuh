@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 
 #include "gpt/cuda_kernels.cuh"
 #include "gpt/cuda_ordered.cuh"
@@ -58,6 +59,78 @@ __device__ inline void store4c(C* p, float4 v) {
   }
 }
 
+//! layernorm_kernel with the row in registers: 4 columns a lane in J groups
+//! (D a multiple of 4, at most 128 J), 16-byte loads, x read once. The
+//! one-value-a-lane form reads the row three times and, at GPT-2 xl's 1600
+//! columns, ran at 2.6x its bytes (an H100's profile, 2026-12-05).
+template <class C, int J>
+__global__ void layernorm_rows_kernel(const float* x, const C* w, const C* b, C* out, float* mean, float* rstd, int n,
+                                      int D) {
+  const int row = int(blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32), lane = threadIdx.x & 31;
+  if (row >= n) return;
+  const std::size_t at = std::size_t(row) * std::size_t(D);
+  float4 v[J];
+  float s = 0;
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    const int c = 4 * (lane + 32 * j);
+    v[j] = c < D ? *reinterpret_cast<const float4*>(x + at + std::size_t(c)) : make_float4(0.f, 0.f, 0.f, 0.f);
+    s += (v[j].x + v[j].y) + (v[j].z + v[j].w);
+  }
+  const float mu = warp_sum(s) / float(D);
+  float s2 = 0;
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    if (4 * (lane + 32 * j) >= D) continue;
+    const float a = v[j].x - mu, b2 = v[j].y - mu, c2 = v[j].z - mu, d2 = v[j].w - mu;
+    s2 += (a * a + b2 * b2) + (c2 * c2 + d2 * d2);
+  }
+  const float rs = rsqrtf(warp_sum(s2) / float(D) + 1e-5f);
+  if (lane == 0) mean[row] = mu, rstd[row] = rs;
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    const int c = 4 * (lane + 32 * j);
+    if (c >= D) continue;
+    const float4 wv = load4c(w + c), bv = load4c(b + c);
+    store4c(out + at + std::size_t(c),
+            make_float4((v[j].x - mu) * rs * wv.x + bv.x, (v[j].y - mu) * rs * wv.y + bv.y,
+                        (v[j].z - mu) * rs * wv.z + bv.z, (v[j].w - mu) * rs * wv.w + bv.w));
+  }
+}
+
+//! Calls f(std::integral_constant<int, J>{}) for the least J of 2, 4, 8, 13,
+//! 16 that holds `groups` 4-column groups a lane (at most 16): the widths
+//! the register forms of LayerNorm are compiled for.
+template <class F>
+void with_lane_groups(int groups, F&& f) {
+  if (groups <= 2) f(std::integral_constant<int, 2>{});
+  else if (groups <= 4) f(std::integral_constant<int, 4>{});
+  else if (groups <= 8) f(std::integral_constant<int, 8>{});
+  else if (groups <= 13) f(std::integral_constant<int, 13>{});
+  else f(std::integral_constant<int, 16>{});
+}
+
+inline bool aligned_to(const void* p, std::size_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; }
+
+//! LayerNorm forward over n rows of D, a warp a row (8 rows a block of 256):
+//! the registers' form where D is a multiple of 4 up to 2048 and the operands
+//! are aligned for it (every GPT-2 size), else one value a lane.
+template <class C>
+void layernorm(const float* x, const C* w, const C* b, C* out, float* mean, float* rstd, int n, int D, cudaStream_t s) {
+  if (n <= 0) return;
+  const unsigned grid = unsigned((n + 7) / 8);
+  const int groups = (D / 4 + 31) / 32;
+  const bool vec = D % 4 == 0 && groups <= 16 && aligned_to(x, 16) && aligned_to(w, 4 * sizeof(C)) &&
+                   aligned_to(b, 4 * sizeof(C)) && aligned_to(out, 4 * sizeof(C));
+  if (!vec) {
+    layernorm_kernel<C><<<grid, 256, 0, s>>>(x, w, b, out, mean, rstd, n, D);
+    return;
+  }
+  with_lane_groups(groups, [&](auto j) {
+    layernorm_rows_kernel<C, decltype(j)::value><<<grid, 256, 0, s>>>(x, w, b, out, mean, rstd, n, D);
+  });
+}
+
 //! dx += LayerNorm backward of dout, and where dxc is given the new dx in C
 //! too (what the next GEMM reads, so no conversion pass follows); dw, db
 //! accumulate. A warp per row, the rows strided over the grid. J > 0 (D a
@@ -70,9 +143,11 @@ __device__ inline void store4c(C* p, float4 v) {
 //! had, took four times the rest of it. Ordered (--deterministic, J > 0):
 //! the warps add theirs one after another and the block writes its sums to
 //! partial[blockIdx.x][2 D] instead, for column_finish_kernel to add in
-//! block order.
+//! block order. Two blocks an SM at most 128 registers a thread: at J = 13
+//! (GPT-2 xl) the kernel took 150 and one block an SM ran (8 warps), at 2.4x
+//! its bytes; 128 spills a few values to L1.
 template <class C, int J, bool Ordered = false>
-__global__ void layernorm_backward_kernel(const float* dout, const float* x, const C* w, const float* mean,
+__global__ void __launch_bounds__(256, 2) layernorm_backward_kernel(const float* dout, const float* x, const C* w, const float* mean,
                                           const float* rstd, float* dx, C* dxc, float* dw, float* db, int n, int D,
                                           float* partial) {
   static_assert(!Ordered || J > 0, "the ordered form keeps its sums in registers");
@@ -202,32 +277,27 @@ void layernorm_backward(const float* dout, const float* x, const C* w, const flo
   const unsigned grid = unsigned(std::max(blocks, 1));
   const std::size_t smem = 2 * std::size_t(D) * sizeof(float);
   // The 4-column form reads dout, x, dx as float4 and w, dxc as 4 C at a time: every one of them aligned.
-  const auto aligned = [](const void* p, std::size_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; };
+  const auto aligned = aligned_to;
   const bool vec = D % 4 == 0 && aligned(dout, 16) && aligned(x, 16) && aligned(dx, 16) && aligned(w, 4 * sizeof(C)) &&
                    (!dxc || aligned(dxc, 4 * sizeof(C)));
   const int per_lane = (D / 4 + 31) / 32;  // 4-column groups a lane takes
   if (partial) {
     TESSERA_CHECK(vec, "--deterministic: the CUDA LayerNorm backward's operands are not 16-byte aligned");
-#define TESSERA_GPT_LN_ORDERED(J) \
-  layernorm_backward_kernel<C, J, true><<<grid, 256, smem, s>>>(dout, x, w, mean, rstd, dx, dxc, dw, db, n, D, partial)
-    if (per_lane <= 2) TESSERA_GPT_LN_ORDERED(2);
-    else if (per_lane <= 4) TESSERA_GPT_LN_ORDERED(4);
-    else if (per_lane <= 8) TESSERA_GPT_LN_ORDERED(8);
-    else if (per_lane <= 13) TESSERA_GPT_LN_ORDERED(13);
-    else TESSERA_GPT_LN_ORDERED(16);
-#undef TESSERA_GPT_LN_ORDERED
+    with_lane_groups(per_lane, [&](auto j) {
+      layernorm_backward_kernel<C, decltype(j)::value, true>
+          <<<grid, 256, smem, s>>>(dout, x, w, mean, rstd, dx, dxc, dw, db, n, D, partial);
+    });
     column_finish_kernel<float><<<unsigned((2 * D + 255) / 256), 256, 0, s>>>(partial, int(grid), 2 * D, dw, D, db);
     return;
   }
-#define TESSERA_GPT_LN_BACKWARD(J) \
-  layernorm_backward_kernel<C, J><<<grid, 256, smem, s>>>(dout, x, w, mean, rstd, dx, dxc, dw, db, n, D, nullptr)
-  if (vec && per_lane <= 2) TESSERA_GPT_LN_BACKWARD(2);
-  else if (vec && per_lane <= 4) TESSERA_GPT_LN_BACKWARD(4);
-  else if (vec && per_lane <= 8) TESSERA_GPT_LN_BACKWARD(8);
-  else if (vec && per_lane <= 13) TESSERA_GPT_LN_BACKWARD(13);
-  else if (vec && per_lane <= 16) TESSERA_GPT_LN_BACKWARD(16);
-  else TESSERA_GPT_LN_BACKWARD(0);
-#undef TESSERA_GPT_LN_BACKWARD
+  if (vec && per_lane <= 16) {
+    with_lane_groups(per_lane, [&](auto j) {
+      layernorm_backward_kernel<C, decltype(j)::value>
+          <<<grid, 256, smem, s>>>(dout, x, w, mean, rstd, dx, dxc, dw, db, n, D, nullptr);
+    });
+  } else {
+    layernorm_backward_kernel<C, 0><<<grid, 256, smem, s>>>(dout, x, w, mean, rstd, dx, dxc, dw, db, n, D, nullptr);
+  }
 }
 
 }  // namespace gpt::kernels
