@@ -33,9 +33,14 @@
 #    deterministic backward, bf16 at head dimension 64 with --attention flash; worlds
 #    $TESSERA_GPT_DET_WORLDS, default "1 2 3"), then its cost at $TESSERA_GPT_DET_SIZE (gpt2:8)
 #    beside the default path in the same call;
+#  - ab: $TESSERA_GPU_BIN_BASE/tessera-gpt (a build to compare against; default this one) and
+#    this build's, alternating, $TESSERA_GPT_AB_PAIRS pairs (2) at each $TESSERA_GPT_SIZES, the base
+#    side under the environment $TESSERA_GPT_AB_BASE_ENV (e.g. TESSERA_MATMUL_CANDIDATES=1): each
+#    side's median tokens/s, their ratio, and both sides' first and last losses (the same
+#    arithmetic should give nearly the same);
 #  - init: initial weights drawn on the device equal at 1, 2 and 3 ranks, and the host's;
 #    tessera-bench-init: each init_param call's time against its draws alone (1.5B).
-# TESSERA_GPT_PARTS="kernels curves torch hf init determinism speed variants profile learn multi" picks parts.
+# TESSERA_GPT_PARTS="kernels curves torch hf init determinism speed ab variants profile learn multi" picks parts.
 gpt_text=${TESSERA_GPT_TEXT:-}
 gpt_parts=${TESSERA_GPT_PARTS:-kernels curves torch hf speed}
 if [ -z "$gpt_text" ] || [ ! -f "$gpt_text" ]; then
@@ -174,6 +179,38 @@ else
         peers="$peers $OUT/gpt-$model-b$b-compile.json"
       fi
       python3 bench/gpt_speed_summary.py "$OUT/gpt-$model-b$b-tessera.json" $peers | tee -a "$OUT/summary.txt"
+    done
+  fi
+  if [[ " $gpt_parts " == *" ab "* ]]; then
+    base_bin=${TESSERA_GPU_BIN_BASE:-$bin}
+    for spec in ${TESSERA_GPT_SIZES:-gpt2:8}; do
+      model=${spec%%:*} b=${spec##*:}
+      for i in $(seq 1 "${TESSERA_GPT_AB_PAIRS:-2}"); do
+        for side in base new; do
+          exe=$bin/tessera-gpt envs=()
+          [ $side = base ] && { exe=$base_bin/tessera-gpt; read -r -a envs <<<"${TESSERA_GPT_AB_BASE_ENV:-}"; }
+          timeout 300 env "${envs[@]}" "$exe" --backend cuda --model $model --precision bf16 --batch $b --steps 14 \
+            --log-every 1 --json --data "$gpt_text" --text ${TESSERA_GPT_FLAGS:-} \
+            >"$OUT/gpt-ab-$model-b$b-$side-$i.json" 2>"$LOGS/gpt-ab-$model-b$b-$side-$i.err" ||
+            { log "FAIL gpt ab $model $side $i"; tail -3 "$LOGS/gpt-ab-$model-b$b-$side-$i.err"; status=1; }
+        done
+      done
+      python3 - "$OUT" "$model" "$b" <<'PY' | tee -a "$OUT/summary.txt"
+import glob, json, statistics, sys
+out, model, b = sys.argv[1:4]
+row = {}
+for side in ('base', 'new'):
+    tps, loss = [], None
+    for f in sorted(glob.glob(f'{out}/gpt-ab-{model}-b{b}-{side}-*.json')):
+        lines = [json.loads(l) for l in open(f) if l.startswith('{')]
+        tps += [l['tokens_per_s'] for l in lines if l.get('summary')]
+        steps = [l for l in lines if 'loss' in l and not l.get('summary')]
+        loss = loss or (steps[0]['loss'], steps[-1]['loss'])
+    row[side] = (statistics.median(tps) if tps else 0, tps, loss)
+(bt, bl, bloss), (nt, nl, nloss) = row['base'], row['new']
+print(f"== gpt ab {model} batch {b}: base {bt:,.0f} tokens/s {[round(x) for x in bl]}, new {nt:,.0f} "
+      f"{[round(x) for x in nl]}, new/base {nt / bt if bt else 0:.3f}; losses (first, last) base {bloss} new {nloss}")
+PY
     done
   fi
   if [[ " $gpt_parts " == *" variants "* ]]; then
