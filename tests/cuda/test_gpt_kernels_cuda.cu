@@ -259,12 +259,15 @@ BOOST_AUTO_TEST_CASE(exact_attention_reads_bf16_inputs) {
   check_attention<bf16, bf16>(false, 1e-2);
 }
 
-// D 100 (a few registers per lane), 700 and 1600 (GPT-2's widest), 2100 (no
-// registers: every row adds into shared memory); neither n nor D a multiple
-// of a warp. The ordered form (--deterministic) where it applies (D a
-// multiple of 4 up to 2048): the same reference, the same bits twice.
+// D 100 (a part of a warp), 700, 1600 (GPT-2's widest) and 2100: the
+// forward's registers and the backward's columns kernel (a thread per 4
+// columns, rows 2 at a time) on 2 blocks and on the grid it picks itself;
+// 2102 (not a multiple of 4): one value a lane, every row adding into
+// shared memory. Neither n nor D a multiple of a warp. The ordered form
+// (--deterministic) where it applies (D a multiple of 4 up to 2048): the
+// same reference, the same bits twice.
 BOOST_AUTO_TEST_CASE(layernorm_forward_and_backward_match_float64) {
-  for (const int D : {100, 700, 1600, 2100}) {
+  for (const int D : {100, 700, 1600, 2100, 2102}) {
     BOOST_TEST_CONTEXT("D " << D) {
       std::mt19937 g(43);
       const int n = 37;
@@ -272,7 +275,7 @@ BOOST_AUTO_TEST_CASE(layernorm_forward_and_backward_match_float64) {
       const auto dout = normal(std::size_t(n) * D, g, 1.0), dx0 = normal(std::size_t(n) * D, g, 1.0);
       auto dxx = to_device(x), dw = to_device(w), db = to_device(b), ddout = to_device(dout);
       dbuf<float> out(std::size_t(n) * D), mean(static_cast<std::size_t>(n)), rstd(static_cast<std::size_t>(n)), gw(static_cast<std::size_t>(D)), gb(static_cast<std::size_t>(D));
-      // The registers' form at 100, 700 and 1600; one value a lane at 2100.
+      // The registers' form up to 2048 columns; one value a lane at 2100 and 2102.
       gpt::kernels::layernorm<float>(dxx.data(), dw.data(), db.data(), out.data(), mean.data(), rstd.data(), n, D, nullptr);
       // Two blocks for 37 rows: each block sums several rows' dw, db before adding them;
       // dxc receives the new dx in the compute type as well.
@@ -281,12 +284,12 @@ BOOST_AUTO_TEST_CASE(layernorm_forward_and_backward_match_float64) {
         std::vector<float> dx, dxc, gw, gb;
         bool operator==(const result&) const = default;
       };
-      auto backward = [&](bool ordered) {
+      auto backward = [&](bool ordered, int blocks = 2) {
         auto ddx = to_device(dx0);
         TESSERA_CUDA(cudaMemset(gw.data(), 0, gw.size() * sizeof(float)));
         TESSERA_CUDA(cudaMemset(gb.data(), 0, gb.size() * sizeof(float)));
         gpt::kernels::layernorm_backward<float>(ddout.data(), dxx.data(), dw.data(), mean.data(), rstd.data(), ddx.data(),
-                                                dxc.data(), gw.data(), gb.data(), n, D, nullptr, 2,
+                                                dxc.data(), gw.data(), gb.data(), n, D, nullptr, blocks,
                                                 ordered ? partial.data() : nullptr);
         TESSERA_CUDA(cudaGetLastError());
         device_sync();
@@ -313,10 +316,10 @@ BOOST_AUTO_TEST_CASE(layernorm_forward_and_backward_match_float64) {
         }
       }
       BOOST_TEST(rel_error(to_host(out), y) <= 1e-6);
-      for (const bool ordered : {false, true}) {
+      for (const auto& [ordered, blocks] : {std::pair{false, 2}, std::pair{false, 0}, std::pair{true, 2}}) {
         if (ordered && !gpt::workspace::layernorm_ordered_fits(D)) continue;
-        BOOST_TEST_CONTEXT((ordered ? "ordered" : "atomics")) {
-          const result got = backward(ordered);
+        BOOST_TEST_CONTEXT((ordered ? "ordered" : "atomics") << ", blocks " << blocks) {
+          const result got = backward(ordered, blocks);
           BOOST_TEST(rel_error(got.dx, dx) <= 1e-5);
           BOOST_TEST(rel_error(got.dxc, dx) <= 1e-5);
           BOOST_TEST(rel_error(got.gw, rgw) <= 1e-5);

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -133,24 +134,23 @@ void layernorm(const float* x, const C* w, const C* b, C* out, float* mean, floa
 
 //! dx += LayerNorm backward of dout, and where dxc is given the new dx in C
 //! too (what the next GEMM reads, so no conversion pass follows); dw, db
-//! accumulate. A warp per row, the rows strided over the grid. J > 0 (D a
-//! multiple of 4, at most 128 J): each lane takes 4 columns at a time (16-byte
-//! loads; one value a lane left the kernel waiting on memory) and keeps its
-//! columns' share of dw and db in registers over all its rows; then the
-//! block's warps add theirs in shared memory (2 D floats, dynamic) and the
-//! block adds the sum to the gradients once. J = 0 (any D): every row adds
-//! into shared memory. One atomic per row and column, as this kernel first
-//! had, took four times the rest of it. Ordered (--deterministic, J > 0):
-//! the warps add theirs one after another and the block writes its sums to
-//! partial[blockIdx.x][2 D] instead, for column_finish_kernel to add in
-//! block order. Two blocks an SM at most 128 registers a thread: at J = 13
-//! (GPT-2 xl) the kernel took 150 and one block an SM ran (8 warps), at 2.4x
-//! its bytes; 128 spills a few values to L1.
+//! accumulate. A warp per row, the rows strided over the grid. The forms
+//! layernorm_backward_columns_kernel does not take: J = 0 (any D) adds every
+//! row's share of dw and db into shared memory (2 D floats, dynamic; one
+//! global atomic per row and column, as this kernel first had, took four
+//! times the rest of it), then the block adds its sums once. Ordered
+//! (--deterministic; J > 0, D a multiple of 4 up to 128 J): each lane takes 4
+//! columns at a time (16-byte loads) and keeps its columns' share of dw and db
+//! in registers over all its rows; the warps add theirs to shared memory one
+//! after another and the block writes its sums to partial[blockIdx.x][2 D],
+//! for column_finish_kernel to add in block order. Two blocks an SM at most
+//! 128 registers a thread: at J = 13 (GPT-2 xl) the kernel took 150 and one
+//! block an SM ran.
 template <class C, int J, bool Ordered = false>
 __global__ void __launch_bounds__(256, 2) layernorm_backward_kernel(const float* dout, const float* x, const C* w, const float* mean,
                                           const float* rstd, float* dx, C* dxc, float* dw, float* db, int n, int D,
                                           float* partial) {
-  static_assert(!Ordered || J > 0, "the ordered form keeps its sums in registers");
+  static_assert(Ordered == (J > 0), "the register form is the ordered one (the fast form is the columns kernel)");
   extern __shared__ float acc[];  // dw (D), then db (D)
   for (int c = threadIdx.x; c < 2 * D; c += blockDim.x) acc[c] = 0;
   __syncthreads();
@@ -225,17 +225,6 @@ __global__ void __launch_bounds__(256, 2) layernorm_backward_kernel(const float*
       }
       __syncthreads();
     }
-  } else if constexpr (J > 0) {
-#pragma unroll
-    for (int j = 0; j < J; ++j) {
-      const int c = 4 * (lane + 32 * j);
-      if (c < D) {
-        atomicAdd(acc + c, rw[j].x), atomicAdd(acc + c + 1, rw[j].y), atomicAdd(acc + c + 2, rw[j].z),
-            atomicAdd(acc + c + 3, rw[j].w);
-        atomicAdd(acc + D + c, rb[j].x), atomicAdd(acc + D + c + 1, rb[j].y), atomicAdd(acc + D + c + 2, rb[j].z),
-            atomicAdd(acc + D + c + 3, rb[j].w);
-      }
-    }
   }
   __syncthreads();
   if constexpr (Ordered) {
@@ -248,13 +237,87 @@ __global__ void __launch_bounds__(256, 2) layernorm_backward_kernel(const float*
   }
 }
 
+//! The backward's fast form (D a multiple of 4 up to 4 * 1024, operands
+//! aligned): a thread owns 4 columns (a block of D / 4 threads, rounded up to
+//! warps) and the block takes R rows at a time. It loads their dout, x and dx
+//! once into registers, sums each row's two dot products over the block (one
+//! barrier per R rows; the sums in shared memory, double-buffered so the next
+//! rows need no second barrier), adds into dx, and keeps its own columns' dw
+//! and db in 8 registers over all its rows: one atomic each at the end. The
+//! warp-a-row form held every column's share a lane (104 registers at GPT-2
+//! xl's 1600 columns, one or two blocks an SM) and read dout and x twice: on
+//! an H100 it ran at 2.4x its bytes.
+template <class C, int R>
+__global__ void layernorm_backward_columns_kernel(const float* dout, const float* x, const C* w, const float* mean,
+                                                  const float* rstd, float* dx, C* dxc, float* dw, float* db, int n,
+                                                  int D) {
+  __shared__ float2 red[2][32][R];  // [buffer][warp][row]: (sum of dout w, sum of dout w xhat)
+  const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x & 31), warps = int(blockDim.x / 32);
+  const int c = 4 * int(threadIdx.x);
+  const bool mine = c < D;
+  const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+  const float4 wv = mine ? load4c(w + c) : zero;
+  float4 aw = zero, ab = zero;
+  int buf = 0;
+  for (int row0 = int(blockIdx.x) * R; row0 < n; row0 += int(gridDim.x) * R, buf ^= 1) {
+    float4 g[R], xh[R], v[R];
+    float rs[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const bool live = mine && row0 + r < n;
+      const std::size_t at = std::size_t(row0 + r) * std::size_t(D) + std::size_t(c);
+      g[r] = live ? *reinterpret_cast<const float4*>(dout + at) : zero;
+      xh[r] = live ? *reinterpret_cast<const float4*>(x + at) : zero;
+      v[r] = live ? *reinterpret_cast<const float4*>(dx + at) : zero;
+      const float mu = row0 + r < n ? mean[row0 + r] : 0.f;
+      rs[r] = row0 + r < n ? rstd[row0 + r] : 0.f;
+      xh[r] = make_float4((xh[r].x - mu) * rs[r], (xh[r].y - mu) * rs[r], (xh[r].z - mu) * rs[r],
+                          (xh[r].w - mu) * rs[r]);
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {  // a row past n has g = 0: it adds nothing
+      const float4 gw = make_float4(g[r].x * wv.x, g[r].y * wv.y, g[r].z * wv.z, g[r].w * wv.w);
+      const float m1 = warp_sum((gw.x + gw.y) + (gw.z + gw.w));
+      const float m2 = warp_sum((gw.x * xh[r].x + gw.y * xh[r].y) + (gw.z * xh[r].z + gw.w * xh[r].w));
+      if (lane == 0) red[buf][warp][r] = make_float2(m1, m2);
+      aw.x += g[r].x * xh[r].x, aw.y += g[r].y * xh[r].y, aw.z += g[r].z * xh[r].z, aw.w += g[r].w * xh[r].w;
+      ab.x += g[r].x, ab.y += g[r].y, ab.z += g[r].z, ab.w += g[r].w;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float m1 = 0, m2 = 0;
+      for (int k = 0; k < warps; ++k) m1 += red[buf][k][r].x, m2 += red[buf][k][r].y;
+      m1 /= float(D), m2 /= float(D);
+      if (!mine || row0 + r >= n) continue;
+      const std::size_t at = std::size_t(row0 + r) * std::size_t(D) + std::size_t(c);
+      v[r].x += rs[r] * (g[r].x * wv.x - m1 - xh[r].x * m2);
+      v[r].y += rs[r] * (g[r].y * wv.y - m1 - xh[r].y * m2);
+      v[r].z += rs[r] * (g[r].z * wv.z - m1 - xh[r].z * m2);
+      v[r].w += rs[r] * (g[r].w * wv.w - m1 - xh[r].w * m2);
+      *reinterpret_cast<float4*>(dx + at) = v[r];
+      if (dxc) store4c(dxc + at, v[r]);
+    }
+  }
+  if (mine) {
+    atomicAdd(dw + c, aw.x), atomicAdd(dw + c + 1, aw.y), atomicAdd(dw + c + 2, aw.z), atomicAdd(dw + c + 3, aw.w);
+    atomicAdd(db + c, ab.x), atomicAdd(db + c + 1, ab.y), atomicAdd(db + c + 2, ab.z), atomicAdd(db + c + 3, ab.w);
+  }
+}
+
+//! Rows layernorm_backward_columns_kernel's block takes at a time: 2 keeps a
+//! bf16 thread at 64 registers, two 13-warp blocks an SM at GPT-2 xl's 1600
+//! columns (4 took 116 registers: one block, every warp waiting at its barrier).
+inline constexpr int layernorm_backward_rows = 2;
+
 //! Most columns layernorm_backward takes: its shared memory holds 2 D floats.
 inline constexpr int layernorm_backward_max_d = 6144;
 
-//! Launches layernorm_backward_kernel over n rows of D on `blocks` blocks of
-//! 8 warps (0: two per SM of the current device, or fewer where n is small):
-//! 4 columns a lane with registers where D is a multiple of 4 up to 2048
-//! (every GPT-2 size), else the shared-memory form. With `partial`
+//! Launches the LayerNorm backward over n rows of D on `blocks` blocks (0: as
+//! many as the device holds at once, or fewer where n is small).
+//! layernorm_backward_columns_kernel where D is a multiple of 4 up to 4096
+//! and the operands are aligned for it (every GPT-2 size), else
+//! layernorm_backward_kernel's shared-memory form. With `partial`
 //! (workspace::layernorm_partial_floats; --deterministic): the ordered form on
 //! up to workspace::layernorm_ordered_blocks blocks, then its sums added in
 //! block order.
@@ -262,42 +325,52 @@ template <class C>
 void layernorm_backward(const float* dout, const float* x, const C* w, const float* mean, const float* rstd, float* dx,
                         C* dxc, float* dw, float* db, int n, int D, cudaStream_t s, int blocks = 0,
                         float* partial = nullptr) {
-  if (partial) {
-    TESSERA_CHECK(workspace::layernorm_ordered_fits(D), workspace::layernorm_ordered_refusal(D));
-    blocks = std::min(blocks > 0 ? blocks : (n + 7) / 8, workspace::layernorm_ordered_blocks);
-  } else if (blocks <= 0) {
-    static const int sms = [] {
-      int dev = 0, v = 0;
-      cudaGetDevice(&dev);
-      cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
-      return v > 0 ? v : 1;
-    }();
-    blocks = std::min((n + 7) / 8, 2 * sms);
-  }
-  const unsigned grid = unsigned(std::max(blocks, 1));
-  const std::size_t smem = 2 * std::size_t(D) * sizeof(float);
-  // The 4-column form reads dout, x, dx as float4 and w, dxc as 4 C at a time: every one of them aligned.
+  if (n <= 0) return;
+  // The 4-column forms read dout, x, dx as float4 and w, dxc as 4 C at a time: every one of them aligned.
   const auto aligned = aligned_to;
   const bool vec = D % 4 == 0 && aligned(dout, 16) && aligned(x, 16) && aligned(dx, 16) && aligned(w, 4 * sizeof(C)) &&
                    (!dxc || aligned(dxc, 4 * sizeof(C)));
-  const int per_lane = (D / 4 + 31) / 32;  // 4-column groups a lane takes
+  const std::size_t smem = 2 * std::size_t(D) * sizeof(float);
   if (partial) {
+    TESSERA_CHECK(workspace::layernorm_ordered_fits(D), workspace::layernorm_ordered_refusal(D));
     TESSERA_CHECK(vec, "--deterministic: the CUDA LayerNorm backward's operands are not 16-byte aligned");
-    with_lane_groups(per_lane, [&](auto j) {
+    const unsigned grid = unsigned(std::min(blocks > 0 ? blocks : (n + 7) / 8, workspace::layernorm_ordered_blocks));
+    with_lane_groups((D / 4 + 31) / 32, [&](auto j) {
       layernorm_backward_kernel<C, decltype(j)::value, true>
           <<<grid, 256, smem, s>>>(dout, x, w, mean, rstd, dx, dxc, dw, db, n, D, partial);
     });
     column_finish_kernel<float><<<unsigned((2 * D + 255) / 256), 256, 0, s>>>(partial, int(grid), 2 * D, dw, D, db);
     return;
   }
-  if (vec && per_lane <= 16) {
-    with_lane_groups(per_lane, [&](auto j) {
-      layernorm_backward_kernel<C, decltype(j)::value>
-          <<<grid, 256, smem, s>>>(dout, x, w, mean, rstd, dx, dxc, dw, db, n, D, nullptr);
-    });
-  } else {
-    layernorm_backward_kernel<C, 0><<<grid, 256, smem, s>>>(dout, x, w, mean, rstd, dx, dxc, dw, db, n, D, nullptr);
+  // Blocks of `kernel` the device holds at once (the SM count is read once).
+  auto resident = [](const void* kernel, int threads, std::size_t bytes) {
+    static const int sms = [] {
+      int dev = 0, v = 0;
+      cudaGetDevice(&dev);
+      cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
+      return std::max(v, 1);
+    }();
+    int per_sm = 0;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, bytes);
+    return sms * std::max(per_sm, 1);
+  };
+  constexpr int R = layernorm_backward_rows;
+  if (vec && D <= 4096) {
+    const int threads = (D / 4 + 31) / 32 * 32;
+    if (blocks <= 0) {
+      // Per block width (a warp more or less changes what an SM holds), asked once.
+      static std::atomic<int> held[33] = {};
+      std::atomic<int>& h = held[threads / 32];
+      if (h.load() == 0) h.store(resident(reinterpret_cast<const void*>(&layernorm_backward_columns_kernel<C, R>), threads, 0));
+      blocks = h.load();
+    }
+    layernorm_backward_columns_kernel<C, R><<<unsigned(std::min(blocks, (n + R - 1) / R)), unsigned(threads), 0, s>>>(
+        dout, x, w, mean, rstd, dx, dxc, dw, db, n, D);
+    return;
   }
+  if (blocks <= 0) blocks = resident(reinterpret_cast<const void*>(&layernorm_backward_kernel<C, 0>), 256, smem);
+  layernorm_backward_kernel<C, 0>
+      <<<unsigned(std::min(blocks, (n + 7) / 8)), 256, smem, s>>>(dout, x, w, mean, rstd, dx, dxc, dw, db, n, D, nullptr);
 }
 
 }  // namespace gpt::kernels
