@@ -28,6 +28,31 @@ using tessera::convert;
 
 //! Blocks of 256 threads for a grid-stride loop over `total` elements.
 inline unsigned grid(std::size_t total) { return unsigned(std::min<std::size_t>((total + 255) / 256, 32768)); }
+//! Blocks of `kernel` (`threads` a block, `bytes` of dynamic shared memory)
+//! the current device holds at once: its SM count times the occupancy
+//! calculator's blocks an SM, for a grid-stride kernel that should fill the
+//! device once. The last answer is kept per thread, so a launcher called with
+//! the same shape every layer asks the driver once, not every launch.
+inline int resident_blocks(const void* kernel, int threads, std::size_t bytes) {
+  struct key {
+    int device;
+    const void* kernel;
+    int threads;
+    std::size_t bytes;
+    bool operator==(const key&) const = default;
+  };
+  thread_local key last{-1, nullptr, 0, 0};
+  thread_local int blocks = 1;
+  key k{0, kernel, threads, bytes};
+  TESSERA_CUDA(cudaGetDevice(&k.device));
+  if (k == last) return blocks;
+  int sms = 0, per_sm = 0;
+  TESSERA_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, k.device));
+  TESSERA_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, bytes));
+  blocks = std::max(sms, 1) * std::max(per_sm, 1);
+  last = k;
+  return blocks;
+}
 //! A launch's error (a bad configuration) as a tessera error.
 inline void check_launch() { TESSERA_CUDA(cudaGetLastError()); }
 

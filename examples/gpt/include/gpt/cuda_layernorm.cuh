@@ -7,7 +7,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -342,33 +341,16 @@ void layernorm_backward(const float* dout, const float* x, const C* w, const flo
     column_finish_kernel<float><<<unsigned((2 * D + 255) / 256), 256, 0, s>>>(partial, int(grid), 2 * D, dw, D, db);
     return;
   }
-  // Blocks of `kernel` the device holds at once (the SM count is read once).
-  auto resident = [](const void* kernel, int threads, std::size_t bytes) {
-    static const int sms = [] {
-      int dev = 0, v = 0;
-      cudaGetDevice(&dev);
-      cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
-      return std::max(v, 1);
-    }();
-    int per_sm = 0;
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, bytes);
-    return sms * std::max(per_sm, 1);
-  };
   constexpr int R = layernorm_backward_rows;
   if (vec && D <= 4096) {
     const int threads = (D / 4 + 31) / 32 * 32;
-    if (blocks <= 0) {
-      // Per block width (a warp more or less changes what an SM holds), asked once.
-      static std::atomic<int> held[33] = {};
-      std::atomic<int>& h = held[threads / 32];
-      if (h.load() == 0) h.store(resident(reinterpret_cast<const void*>(&layernorm_backward_columns_kernel<C, R>), threads, 0));
-      blocks = h.load();
-    }
+    if (blocks <= 0)
+      blocks = resident_blocks(reinterpret_cast<const void*>(&layernorm_backward_columns_kernel<C, R>), threads, 0);
     layernorm_backward_columns_kernel<C, R><<<unsigned(std::min(blocks, (n + R - 1) / R)), unsigned(threads), 0, s>>>(
         dout, x, w, mean, rstd, dx, dxc, dw, db, n, D);
     return;
   }
-  if (blocks <= 0) blocks = resident(reinterpret_cast<const void*>(&layernorm_backward_kernel<C, 0>), 256, smem);
+  if (blocks <= 0) blocks = resident_blocks(reinterpret_cast<const void*>(&layernorm_backward_kernel<C, 0>), 256, smem);
   layernorm_backward_kernel<C, 0>
       <<<unsigned(std::min(blocks, (n + 7) / 8)), 256, smem, s>>>(dout, x, w, mean, rstd, dx, dxc, dw, db, n, D, nullptr);
 }
