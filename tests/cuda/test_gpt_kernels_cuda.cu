@@ -265,7 +265,8 @@ BOOST_AUTO_TEST_CASE(exact_attention_reads_bf16_inputs) {
 // 2102 (not a multiple of 4): one value a lane, every row adding into
 // shared memory. Neither n nor D a multiple of a warp. The ordered form
 // (--deterministic) where it applies (D a multiple of 4 up to 2048): the
-// same reference, the same bits twice.
+// same reference, the same bits twice. The unordered forms also sum the new
+// dx's columns (dsum: the bias gradient of the product below the norm).
 BOOST_AUTO_TEST_CASE(layernorm_forward_and_backward_match_float64) {
   for (const int D : {100, 700, 1600, 2100, 2102}) {
     BOOST_TEST_CONTEXT("D " << D) {
@@ -280,22 +281,27 @@ BOOST_AUTO_TEST_CASE(layernorm_forward_and_backward_match_float64) {
       // Two blocks for 37 rows: each block sums several rows' dw, db before adding them;
       // dxc receives the new dx in the compute type as well.
       dbuf<float> dxc(std::size_t(n) * D), partial(gpt::workspace::layernorm_partial_floats(D));
+      // dsum (the unordered forms): the new dx's column sums, added to what it holds (here ones).
+      const std::vector<float> ones(static_cast<std::size_t>(D), 1.0f);
+      auto dsum = to_device(ones);
       struct result {
-        std::vector<float> dx, dxc, gw, gb;
+        std::vector<float> dx, dxc, gw, gb, dsum;
         bool operator==(const result&) const = default;
       };
       auto backward = [&](bool ordered, int blocks = 2) {
         auto ddx = to_device(dx0);
         TESSERA_CUDA(cudaMemset(gw.data(), 0, gw.size() * sizeof(float)));
         TESSERA_CUDA(cudaMemset(gb.data(), 0, gb.size() * sizeof(float)));
+        TESSERA_CUDA(cudaMemcpy(dsum.data(), ones.data(), ones.size() * sizeof(float), cudaMemcpyHostToDevice));
         gpt::kernels::layernorm_backward<float>(ddout.data(), dxx.data(), dw.data(), mean.data(), rstd.data(), ddx.data(),
                                                 dxc.data(), gw.data(), gb.data(), n, D, nullptr, blocks,
-                                                ordered ? partial.data() : nullptr);
+                                                ordered ? partial.data() : nullptr, ordered ? nullptr : dsum.data());
         TESSERA_CUDA(cudaGetLastError());
         device_sync();
-        return result{to_host(ddx), to_host(dxc), to_host(gw), to_host(gb)};
+        return result{to_host(ddx), to_host(dxc), to_host(gw), to_host(gb), to_host(dsum)};
       };
-      std::vector<double> y(x.size()), dx(x.size()), rgw(std::size_t(D), 0.0), rgb(std::size_t(D), 0.0);
+      std::vector<double> y(x.size()), dx(x.size()), rgw(std::size_t(D), 0.0), rgb(std::size_t(D), 0.0),
+          rsum(std::size_t(D), 1.0);
       for (int r = 0; r < n; ++r) {
         const float* xr = x.data() + std::size_t(r) * D;
         double mu = 0, var = 0;
@@ -313,6 +319,7 @@ BOOST_AUTO_TEST_CASE(layernorm_forward_and_backward_match_float64) {
         for (int c = 0; c < D; ++c) {
           const double xh = (xr[c] - mu) * rs;
           dx[std::size_t(r) * D + c] = dx0[std::size_t(r) * D + c] + rs * (dout[std::size_t(r) * D + c] * w[std::size_t(c)] - m1 - xh * m2);
+          rsum[std::size_t(c)] += dx[std::size_t(r) * D + c];
         }
       }
       BOOST_TEST(rel_error(to_host(out), y) <= 1e-6);
@@ -324,6 +331,7 @@ BOOST_AUTO_TEST_CASE(layernorm_forward_and_backward_match_float64) {
           BOOST_TEST(rel_error(got.dxc, dx) <= 1e-5);
           BOOST_TEST(rel_error(got.gw, rgw) <= 1e-5);
           BOOST_TEST(rel_error(got.gb, rgb) <= 1e-5);
+          if (!ordered) BOOST_TEST(rel_error(got.dsum, rsum) <= 1e-5);
           if (ordered) BOOST_TEST((backward(true) == got), "the ordered LayerNorm backward gives other bits on a second run");
         }
       }

@@ -106,6 +106,8 @@ public:
       row_loss_ = dbuf<double>(n);
       ln_partial_ = dbuf<float>(workspace::layernorm_partial_floats(s.d));
       groups_dev_ = dbuf<int>(workspace::token_group_ints(n));
+    } else {
+      resid_db_ = dbuf<float>(D);
     }
     TESSERA_CUDA(cudaMemsetAsync(loss_.data(), 0, sizeof(double), stream()));
     prod_.decide(n_max_, s.d, act_.data(), big_.data());
@@ -122,7 +124,10 @@ public:
            std::string(o_.deterministic ? "; gradients in a fixed order" : "") + why + ")";
   }
   //! The form each product with a cuBLASLt epilogue runs in (after the first step: the timings that chose it).
-  [[nodiscard]] std::string products_used() const { return prod_.describe(); }
+  [[nodiscard]] std::string products_used() const {
+    return prod_.describe() + (ln_sums_bias() ? "; proj and fc_proj bias gradients: column sums in the LayerNorm "
+                                                "backward (their dW products plain)" : "");
+  }
   [[nodiscard]] static bool uses_flash(const model_shape& s) {
     return !std::is_same_v<C, float> && s.head_dim() == flash::head_dim && flash::supported();
   }
@@ -156,11 +161,12 @@ public:
     });
     if (o_.deterministic) kernels::ordered_sum(row_loss_.data(), n, loss_.data(), stream());
     TESSERA_CUDA(cudaMemsetAsync(dx_.data(), 0, n * D * sizeof(float), stream()));
+    if (ln_sums_bias()) TESSERA_CUDA(cudaMemsetAsync(resid_db_.data(), 0, D * sizeof(float), stream()));
     float* st = stats_.data() + stats_.size() - 2 * n_max_;
     kernels::layernorm_backward<C>(dsmall_.data(), x_.data() + std::size_t(s_.layers) * n_max_ * D,
                                    E + m_.slot(ids_.lnf_w).offset, st, st + n_max_, dx_.data(), dx_c_.data(),
                                    se.grad(ids_.lnf_w).data(), se.grad(ids_.lnf_b).data(), int(n), int(D), stream(), 0,
-                                   ln_partial());
+                                   ln_partial(), ln_sums_bias() ? resid_db_.data() : nullptr);
     check_launch();
     for (int l = s_.layers - 1; l >= 0; --l) backward_block(l, B, T);
     if (o_.deterministic) {  // positions in sequence order, tokens grouped (upload built the groups)
@@ -242,6 +248,14 @@ private:
   // --deterministic's buffers (null otherwise): each row's loss, LayerNorm's partial sums.
   double* row_loss(std::size_t r0) { return o_.deterministic ? row_loss_.data() + r0 : nullptr; }
   float* ln_partial() { return o_.deterministic ? ln_partial_.data() : nullptr; }
+  // Without --deterministic each LayerNorm backward also sums the columns of
+  // the residual gradient it leaves (layernorm_backward's dsum): the bias
+  // gradient of the product below it that joined the stream, attention's proj
+  // in the same block, or the block below's fc_proj (through resid_db_: that
+  // unit is not gathered yet, its gradients not handed out). This saves
+  // cuBLASLt's bias-gradient pass over dY (a read of n x d bf16 each).
+  // --deterministic keeps the products' ordered sums.
+  [[nodiscard]] bool ln_sums_bias() const { return !o_.deterministic; }
 
   // Inputs and next-token targets of B sequences of T + 1 tokens, to the
   // device; with `groups` under --deterministic, the inputs' rows grouped by
@@ -354,7 +368,13 @@ private:
     // MLP: x_{l+1} = xmid + gelu(xn2 Wfc^T + bfc) Wp^T + bp
     kernels::gelu_kernel<C, C><<<grid(n * H4), 256, 0, stream()>>>(a.h, act_.data(), n * H4);  // act again
     check_launch();
-    prod_.weight_grad(products::fcproj_wgrad, dXc, dX, act_.data(), n, D, H4, g(b.fc_proj_w), g(b.fc_proj_b));
+    if (ln_sums_bias()) {  // the LayerNorm backward above summed dX's columns into resid_db_
+      prod_.weight_grad(products::fcproj_wgrad, dXc, dX, act_.data(), n, D, H4, g(b.fc_proj_w), nullptr);
+      kernels::drain_kernel<<<grid(D), 256, 0, stream()>>>(resid_db_.data(), g(b.fc_proj_b), int(D));
+      check_launch();
+    } else {
+      prod_.weight_grad(products::fcproj_wgrad, dXc, dX, act_.data(), n, D, H4, g(b.fc_proj_w), g(b.fc_proj_b));
+    }
     C* dH = act_.data();  // act is dead now
     prod_.run(products::fc_dgelu, [&](bool fuse) {  // dH = (dX Wp) gelu'(h)
       if (fuse) {
@@ -370,11 +390,12 @@ private:
     prod_.weight_grad(products::fc_wgrad, dH, nullptr, a.xn2, n, H4, D, g(b.fc_w), g(b.fc_b));
     float* dxn = dsmall_.data();
     gemm(false, false, int(n), int(D), int(H4), 1.0f, dH, w.fc_w, 0.0f, dxn);
+    float* proj_db = ln_sums_bias() ? g(b.proj_b) : nullptr;  // summed by this LayerNorm backward
     kernels::layernorm_backward<C>(dxn, a.xmid, w.ln2_w, a.mean2, a.rstd2, dX, dXc, g(b.ln2_w), g(b.ln2_b), int(n),
-                                   int(D), stream(), 0, ln_partial());
+                                   int(D), stream(), 0, ln_partial(), proj_db);
     check_launch();
     // attention: xmid = x_l + y Wproj^T + bproj
-    prod_.weight_grad(products::proj_wgrad, dXc, dX, a.y, n, D, D, g(b.proj_w), g(b.proj_b));
+    prod_.weight_grad(products::proj_wgrad, dXc, dX, a.y, n, D, D, g(b.proj_w), proj_db ? nullptr : g(b.proj_b));
     C* dY = dy_c_.data();
     gemm(false, false, int(n), int(D), int(D), 1.0f, dXc, w.proj_w, 0.0f, dY);
     C* dQKVc = big_c_.data();
@@ -405,7 +426,8 @@ private:
     }
     gemm(false, false, int(n), int(D), int(3 * D), 1.0f, dQKVc, w.qkv_w, 0.0f, dxn);
     kernels::layernorm_backward<C>(dxn, xin, w.ln1_w, a.mean1, a.rstd1, dX, dXc, g(b.ln1_w), g(b.ln1_b), int(n),
-                                   int(D), stream(), 0, ln_partial());
+                                   int(D), stream(), 0, ln_partial(),
+                                   ln_sums_bias() && l > 0 ? resid_db_.data() : nullptr);  // block l-1's fc_proj
     check_launch();
     sc.reduce_grads();
   }
@@ -441,6 +463,7 @@ private:
   std::size_t n_max_;
   double finished_ = 0;
   dbuf<float> x_, stats_, lse_, xmid_, big_, dx_, dsmall_, dvec_, ln_partial_;
+  dbuf<float> resid_db_;  // a fc_proj bias gradient, summed by the LayerNorm backward above it (ln_sums_bias)
   dbuf<C> qkv_, h_, xn1_, y_, xn2_, xf_, act_, big_c_, dx_c_, dy_c_, z_;
   products prod_{s_.d, n_max_, o_.deterministic};
   dbuf<std::uint16_t> tok_;

@@ -164,6 +164,15 @@ __global__ void add_kernel(const T* in, float* out, int total) {
   for (int k = int(blockIdx.x * blockDim.x + threadIdx.x); k < total; k += int(gridDim.x * blockDim.x)) out[k] += float(in[k]);
 }
 
+//! out += in, then in = 0: a sum handed on, its buffer ready to gather the next.
+template <class T = float>
+__global__ void drain_kernel(T* in, float* out, int total) {
+  for (int k = int(blockIdx.x * blockDim.x + threadIdx.x); k < total; k += int(gridDim.x * blockDim.x)) {
+    out[k] += float(in[k]);
+    in[k] = T(0);
+  }
+}
+
 //! out = in, converted (fp32 to C).
 template <class C>
 __global__ void convert_kernel(const float* in, C* out, std::size_t total) {

@@ -245,18 +245,25 @@ __global__ void __launch_bounds__(256, 2) layernorm_backward_kernel(const float*
 //! and db in 8 registers over all its rows: one atomic each at the end. The
 //! warp-a-row form held every column's share a lane (104 registers at GPT-2
 //! xl's 1600 columns, one or two blocks an SM) and read dout and x twice: on
-//! an H100 it ran at 2.4x its bytes.
+//! an H100 it ran at 2.4x its bytes. With dsum, the column sums of the new dx
+//! as well (4 more registers, 4 more atomics a thread): dx is the gradient of
+//! the residual stream, whose column sums are the bias gradient of the product
+//! that joined it (attention's proj, the MLP's fc_proj); summed here they cost
+//! no second pass over dx (cuBLASLt's bias-gradient epilogue reads it again).
+//! At most 64 registers: dsum's 4 took it to 72, 3 blocks an SM instead of 4
+//! at GPT-2 medium's 1024 columns; capped, it spills 12 bytes.
 template <class C, int R>
-__global__ void layernorm_backward_columns_kernel(const float* dout, const float* x, const C* w, const float* mean,
-                                                  const float* rstd, float* dx, C* dxc, float* dw, float* db, int n,
-                                                  int D) {
+__global__ void __maxnreg__(64)
+    layernorm_backward_columns_kernel(const float* dout, const float* x, const C* w, const float* mean,
+                                      const float* rstd, float* dx, C* dxc, float* dw, float* db, int n, int D,
+                                      float* dsum) {
   __shared__ float2 red[2][32][R];  // [buffer][warp][row]: (sum of dout w, sum of dout w xhat)
   const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x & 31), warps = int(blockDim.x / 32);
   const int c = 4 * int(threadIdx.x);
   const bool mine = c < D;
   const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
   const float4 wv = mine ? load4c(w + c) : zero;
-  float4 aw = zero, ab = zero;
+  float4 aw = zero, ab = zero, as = zero;
   int buf = 0;
   for (int row0 = int(blockIdx.x) * R; row0 < n; row0 += int(gridDim.x) * R, buf ^= 1) {
     float4 g[R], xh[R], v[R];
@@ -296,11 +303,15 @@ __global__ void layernorm_backward_columns_kernel(const float* dout, const float
       v[r].w += rs[r] * (g[r].w * wv.w - m1 - xh[r].w * m2);
       *reinterpret_cast<float4*>(dx + at) = v[r];
       if (dxc) store4c(dxc + at, v[r]);
+      as.x += v[r].x, as.y += v[r].y, as.z += v[r].z, as.w += v[r].w;
     }
   }
   if (mine) {
     atomicAdd(dw + c, aw.x), atomicAdd(dw + c + 1, aw.y), atomicAdd(dw + c + 2, aw.z), atomicAdd(dw + c + 3, aw.w);
     atomicAdd(db + c, ab.x), atomicAdd(db + c + 1, ab.y), atomicAdd(db + c + 2, ab.z), atomicAdd(db + c + 3, ab.w);
+    if (dsum)
+      atomicAdd(dsum + c, as.x), atomicAdd(dsum + c + 1, as.y), atomicAdd(dsum + c + 2, as.z),
+          atomicAdd(dsum + c + 3, as.w);
   }
 }
 
@@ -319,11 +330,15 @@ inline constexpr int layernorm_backward_max_d = 6144;
 //! layernorm_backward_kernel's shared-memory form. With `partial`
 //! (workspace::layernorm_partial_floats; --deterministic): the ordered form on
 //! up to workspace::layernorm_ordered_blocks blocks, then its sums added in
-//! block order.
+//! block order. With dsum: dsum[c] += the sum over rows of the new dx[., c]
+//! (in the columns kernel, else a column_sum pass after the other forms; not
+//! with `partial`: the ordered callers sum their bias gradients in row order).
 template <class C>
 void layernorm_backward(const float* dout, const float* x, const C* w, const float* mean, const float* rstd, float* dx,
                         C* dxc, float* dw, float* db, int n, int D, cudaStream_t s, int blocks = 0,
-                        float* partial = nullptr) {
+                        float* partial = nullptr, float* dsum = nullptr) {
+  TESSERA_CHECK(!(partial && dsum), "the ordered LayerNorm backward sums no columns of dx (dsum): it would add them "
+                "with atomics, in no fixed order");
   if (n <= 0) return;
   // The 4-column forms read dout, x, dx as float4 and w, dxc as 4 C at a time: every one of them aligned.
   const auto aligned = aligned_to;
@@ -347,12 +362,13 @@ void layernorm_backward(const float* dout, const float* x, const C* w, const flo
     if (blocks <= 0)
       blocks = resident_blocks(reinterpret_cast<const void*>(&layernorm_backward_columns_kernel<C, R>), threads, 0);
     layernorm_backward_columns_kernel<C, R><<<unsigned(std::min(blocks, (n + R - 1) / R)), unsigned(threads), 0, s>>>(
-        dout, x, w, mean, rstd, dx, dxc, dw, db, n, D);
+        dout, x, w, mean, rstd, dx, dxc, dw, db, n, D, dsum);
     return;
   }
   if (blocks <= 0) blocks = resident_blocks(reinterpret_cast<const void*>(&layernorm_backward_kernel<C, 0>), 256, smem);
   layernorm_backward_kernel<C, 0>
       <<<unsigned(std::min(blocks, (n + 7) / 8)), 256, smem, s>>>(dout, x, w, mean, rstd, dx, dxc, dw, db, n, D, nullptr);
+  if (dsum) column_sum(dx, n, D, dsum, nullptr, s);
 }
 
 }  // namespace gpt::kernels

@@ -102,9 +102,14 @@ public:
 
   //! dW (+)= dY^T X over n rows (fp32), and db (+)= the column sums of dY: in
   //! the product's epilogue (cuBLASLt writes them into scratch, added to db),
-  //! or summed apart from dY32 (fp32, where the caller has it) or dY.
+  //! or summed apart from dY32 (fp32, where the caller has it) or dY. Without
+  //! db, dW alone (the caller has the bias gradient from elsewhere).
   void weight_grad(product p, const C* dY, const float* dY32, const C* X, std::size_t n, std::size_t out,
                    std::size_t in, float* dW, float* db) {
+    if (!db) {
+      mm<float>({.trans_a = true, .m = int(out), .n = int(in), .k = int(n), .a = dY, .b = X, .d = dW, .beta = 1.0f});
+      return;
+    }
     const bool fuse = forms_.state(p) == 1;
     mm<float>({.trans_a = true, .m = int(out), .n = int(in), .k = int(n), .a = dY, .b = X, .d = dW, .beta = 1.0f,
                .ep = fuse ? epilogue::bgrad_a : epilogue::none, .bias_grad = fuse ? bias32_.data() : nullptr});

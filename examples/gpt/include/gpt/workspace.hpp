@@ -82,7 +82,7 @@ std::size_t cuda_bytes(const model_shape& s, int batch, bool recompute, bool fla
          sizeof(C) * (slots * 3 * n * D + slots * 4 * n * D + 3 * slots * n * D + n * D + 4 * n * D + 3 * n * D + 2 * n * D +
                       rows * V) +
          sizeof(std::uint16_t) * 2 * n + sizeof(double) + (flash || deterministic ? sizeof(float) * n * H : 0) +
-         (deterministic ? deterministic_bytes(s, batch) : 0) +
+         (deterministic ? deterministic_bytes(s, batch) : sizeof(float) * D) +  // else the residual's column sums
          (deterministic || sizeof(C) == sizeof(float) ? 0 : tuning_scratch_bytes(s));
 }
 
