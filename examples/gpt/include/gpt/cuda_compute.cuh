@@ -161,12 +161,12 @@ public:
     });
     if (o_.deterministic) kernels::ordered_sum(row_loss_.data(), n, loss_.data(), stream());
     TESSERA_CUDA(cudaMemsetAsync(dx_.data(), 0, n * D * sizeof(float), stream()));
-    if (ln_sums_bias()) TESSERA_CUDA(cudaMemsetAsync(resid_db_.data(), 0, D * sizeof(float), stream()));
+    if (resid_db()) TESSERA_CUDA(cudaMemsetAsync(resid_db(), 0, D * sizeof(float), stream()));
     float* st = stats_.data() + stats_.size() - 2 * n_max_;
     kernels::layernorm_backward<C>(dsmall_.data(), x_.data() + std::size_t(s_.layers) * n_max_ * D,
                                    E + m_.slot(ids_.lnf_w).offset, st, st + n_max_, dx_.data(), dx_c_.data(),
                                    se.grad(ids_.lnf_w).data(), se.grad(ids_.lnf_b).data(), int(n), int(D), stream(), 0,
-                                   ln_partial(), ln_sums_bias() ? resid_db_.data() : nullptr);
+                                   ln_partial(), resid_db());
     check_launch();
     for (int l = s_.layers - 1; l >= 0; --l) backward_block(l, B, T);
     if (o_.deterministic) {  // positions in sequence order, tokens grouped (upload built the groups)
@@ -256,6 +256,7 @@ private:
   // cuBLASLt's bias-gradient pass over dY (a read of n x d bf16 each).
   // --deterministic keeps the products' ordered sums.
   [[nodiscard]] bool ln_sums_bias() const { return !o_.deterministic; }
+  float* resid_db() { return ln_sums_bias() ? resid_db_.data() : nullptr; }
 
   // Inputs and next-token targets of B sequences of T + 1 tokens, to the
   // device; with `groups` under --deterministic, the inputs' rows grouped by
@@ -368,12 +369,11 @@ private:
     // MLP: x_{l+1} = xmid + gelu(xn2 Wfc^T + bfc) Wp^T + bp
     kernels::gelu_kernel<C, C><<<grid(n * H4), 256, 0, stream()>>>(a.h, act_.data(), n * H4);  // act again
     check_launch();
-    if (ln_sums_bias()) {  // the LayerNorm backward above summed dX's columns into resid_db_
-      prod_.weight_grad(products::fcproj_wgrad, dXc, dX, act_.data(), n, D, H4, g(b.fc_proj_w), nullptr);
-      kernels::drain_kernel<<<grid(D), 256, 0, stream()>>>(resid_db_.data(), g(b.fc_proj_b), int(D));
+    prod_.weight_grad(products::fcproj_wgrad, dXc, dX, act_.data(), n, D, H4, g(b.fc_proj_w),
+                      resid_db() ? nullptr : g(b.fc_proj_b));
+    if (resid_db()) {  // the LayerNorm backward above summed dX's columns into it
+      kernels::drain_kernel<<<grid(D), 256, 0, stream()>>>(resid_db(), g(b.fc_proj_b), int(D));
       check_launch();
-    } else {
-      prod_.weight_grad(products::fcproj_wgrad, dXc, dX, act_.data(), n, D, H4, g(b.fc_proj_w), g(b.fc_proj_b));
     }
     C* dH = act_.data();  // act is dead now
     prod_.run(products::fc_dgelu, [&](bool fuse) {  // dH = (dX Wp) gelu'(h)
@@ -425,9 +425,9 @@ private:
       prod_.weight_grad(products::qkv_wgrad, dQKVc, dQKV, a.xn1, n, 3 * D, D, g(b.qkv_w), g(b.qkv_b));
     }
     gemm(false, false, int(n), int(D), int(3 * D), 1.0f, dQKVc, w.qkv_w, 0.0f, dxn);
+    // dX's column sums here are block l-1's fc_proj bias gradient (block 0's feed the embeddings: none)
     kernels::layernorm_backward<C>(dxn, xin, w.ln1_w, a.mean1, a.rstd1, dX, dXc, g(b.ln1_w), g(b.ln1_b), int(n),
-                                   int(D), stream(), 0, ln_partial(),
-                                   ln_sums_bias() && l > 0 ? resid_db_.data() : nullptr);  // block l-1's fc_proj
+                                   int(D), stream(), 0, ln_partial(), l > 0 ? resid_db() : nullptr);
     check_launch();
     sc.reduce_grads();
   }

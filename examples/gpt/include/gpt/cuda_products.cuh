@@ -106,13 +106,10 @@ public:
   //! db, dW alone (the caller has the bias gradient from elsewhere).
   void weight_grad(product p, const C* dY, const float* dY32, const C* X, std::size_t n, std::size_t out,
                    std::size_t in, float* dW, float* db) {
-    if (!db) {
-      mm<float>({.trans_a = true, .m = int(out), .n = int(in), .k = int(n), .a = dY, .b = X, .d = dW, .beta = 1.0f});
-      return;
-    }
-    const bool fuse = forms_.state(p) == 1;
+    const bool fuse = db && forms_.state(p) == 1;
     mm<float>({.trans_a = true, .m = int(out), .n = int(in), .k = int(n), .a = dY, .b = X, .d = dW, .beta = 1.0f,
                .ep = fuse ? epilogue::bgrad_a : epilogue::none, .bias_grad = fuse ? bias32_.data() : nullptr});
+    if (!db) return;
     if (fuse) {
       kernels::add_kernel<float><<<kernels::grid(out), 256, 0, stream()>>>(bias32_.data(), db, int(out));
       kernels::check_launch();
