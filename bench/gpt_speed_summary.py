@@ -32,6 +32,8 @@ def name(s, path):
     at = f' x{n} GPUs' if n > 1 else ''
     if 'backend' in s:
         return f"tessera-gpt {s.get('wrapper', '')}/{s.get('strategy', '')}{at} ({s.get('attention', '?').split(' (')[0]})"
+    if s.get('llmc'):
+        return 'llm.c (train_gpt2cu)'
     if s.get('fsdp2'):
         return f"PyTorch FSDP2{' + compile' if s.get('compile') else ''}{at}"
     return 'torch.compile' if s.get('compile') else 'PyTorch eager'

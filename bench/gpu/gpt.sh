@@ -12,7 +12,8 @@
 #  - speed: each "model:batch" of $TESSERA_GPT_SIZES (default gpt2:8), bf16,
 #    seq 1024, beside PyTorch eager (SDPA; TESSERA_GPT_EAGER=0 leaves it out) and,
 #    with TESSERA_GPT_COMPILE=1, torch.compile in the same call (bench/gpt_speed_summary.py prints the
-#    ratios); $TESSERA_GPT_FLAGS adds trainer flags (e.g. --recompute), and
+#    ratios), and with TESSERA_GPT_LLMC=PATH llm.c's train_gpt2cu (bench/llmc_gpt2.py);
+#    $TESSERA_GPT_FLAGS adds trainer flags (e.g. --recompute), and
 #    $TESSERA_GPT_ALSO runs tessera-gpt again with more (e.g. --attention flash) as a row;
 #  - variants: $TESSERA_GPT_VARIANT (gpt2:32) at one rank under fsdp and fsdp2
 #    (optim_grads_params), fsdp and ddp (no_shard), and --recompute, beside
@@ -177,6 +178,12 @@ else
         timeout 400 python3 bench/torch_gpt2.py --model $model --precision bf16 --batch $b --seq 1024 --steps 30 --compile \
           >"$OUT/gpt-$model-b$b-compile.json" 2>"$LOGS/gpt-$model-b$b-compile.err" || status=1
         peers="$peers $OUT/gpt-$model-b$b-compile.json"
+      fi
+      # TESSERA_GPT_LLMC: an llm.c train_gpt2cu built elsewhere (bench/llmc_gpt2.py says how), the other peer.
+      if [ -n "${TESSERA_GPT_LLMC:-}" ]; then
+        timeout 300 python3 bench/llmc_gpt2.py --llmc "$TESSERA_GPT_LLMC" --model $model --batch $b --seq 1024 --steps 30 \
+          >"$OUT/gpt-$model-b$b-llmc.json" 2>"$LOGS/gpt-$model-b$b-llmc.err" || status=1
+        peers="$peers $OUT/gpt-$model-b$b-llmc.json"
       fi
       python3 bench/gpt_speed_summary.py "$OUT/gpt-$model-b$b-tessera.json" $peers | tee -a "$OUT/summary.txt"
     done
