@@ -150,13 +150,24 @@ public:
     const C* E = se.weights().data();
     forward_blocks(E, B, T);
     const C* wte = E + m_.slot(ids_.wte).offset;
-    float* g_wte = se.grad(ids_.wte).data();
+    // Fresh gradients (the first micro-batch): the head's first chunk assigns
+    // all of wte's, and the rest, which kernels add into, are zeroed here.
+    const auto target = se.grads_for_write();
+    const bool fresh = target.fresh;
+    auto ge = [&, data = target.grads.data()](tessera::param_id p) { return data + m_.slot(p).offset; };
+    if (fresh) {
+      kernels::float_spans vs;
+      for (const tessera::param_id p : {ids_.wpe, ids_.lnf_w, ids_.lnf_b}) vs.add(ge(p), m_.slot(p).numel);
+      kernels::zero_spans(vs, stream());
+    }
+    float* g_wte = ge(ids_.wte);
     const float scale = float(1.0 / global_tokens);
     head(E, n, [&](std::size_t r0, std::size_t rows) {
       kernels::cross_entropy<C>(z_.data(), targets() + r0, int(V), int(Vp), scale, true, loss_.data(), rows, stream(),
                                 true, row_loss(r0));
       // Over the padded vocabulary: dz is zero there, so the padded rows of wte get no gradient.
-      gemm(true, false, int(Vp), int(D), int(rows), 1.0f, z_.data(), xf_.data() + r0 * D, 1.0f, g_wte);
+      gemm(true, false, int(Vp), int(D), int(rows), 1.0f, z_.data(), xf_.data() + r0 * D, fresh && r0 == 0 ? 0.0f : 1.0f,
+           g_wte);
       gemm(false, false, int(rows), int(D), int(Vp), 1.0f, z_.data(), wte, 0.0f, dsmall_.data() + r0 * D);
     });
     if (o_.deterministic) kernels::ordered_sum(row_loss_.data(), n, loss_.data(), stream());
@@ -165,18 +176,18 @@ public:
     float* st = stats_.data() + stats_.size() - 2 * n_max_;
     kernels::layernorm_backward<C>(dsmall_.data(), x_.data() + std::size_t(s_.layers) * n_max_ * D,
                                    E + m_.slot(ids_.lnf_w).offset, st, st + n_max_, dx_.data(), dx_c_.data(),
-                                   se.grad(ids_.lnf_w).data(), se.grad(ids_.lnf_b).data(), int(n), int(D), stream(), 0,
+                                   ge(ids_.lnf_w), ge(ids_.lnf_b), int(n), int(D), stream(), 0,
                                    ln_partial(), resid_db());
     check_launch();
     for (int l = s_.layers - 1; l >= 0; --l) backward_block(l, B, T);
     if (o_.deterministic) {  // positions in sequence order, tokens grouped (upload built the groups)
-      kernels::position_backward_kernel<float><<<grid(T * D), 256, 0, stream()>>>(dx_.data(), se.grad(ids_.wpe).data(),
+      kernels::position_backward_kernel<float><<<grid(T * D), 256, 0, stream()>>>(dx_.data(), ge(ids_.wpe),
                                                                                   int(B), int(T), int(D));
       check_launch();
       groups_.backward(dx_.data(), groups_dev_.data(), g_wte, int(D), stream());
     } else {
       kernels::embed_backward_kernel<float><<<grid(n * D), 256, 0, stream()>>>(
-          dx_.data(), inputs(), g_wte, se.grad(ids_.wpe).data(), n, int(T), int(D));
+          dx_.data(), inputs(), g_wte, ge(ids_.wpe), n, int(T), int(D));
       check_launch();
     }
     se.reduce_grads();
@@ -365,12 +376,23 @@ private:
     const slot a = slot_of(l);
     float* dX = dx_.data();
     C* dXc = dx_c_.data();
-    auto g = [&](tessera::param_id p) { return sc.grad(p).data(); };
+    // Fresh gradients (the step's first micro-batch) are not zeroed by the
+    // library: the four dW products assign, and the vectors, which kernels
+    // add into, are zeroed here in one launch.
+    const auto target = sc.grads_for_write();
+    const bool fresh = target.fresh;
+    auto g = [&, data = target.grads.data()](tessera::param_id p) { return data + m_.slot(p).offset; };
+    if (fresh) {
+      kernels::float_spans vs;
+      for (const tessera::param_id p : {b.ln1_w, b.ln1_b, b.qkv_b, b.proj_b, b.ln2_w, b.ln2_b, b.fc_b, b.fc_proj_b})
+        vs.add(g(p), m_.slot(p).numel);
+      kernels::zero_spans(vs, stream());
+    }
     // MLP: x_{l+1} = xmid + gelu(xn2 Wfc^T + bfc) Wp^T + bp
     kernels::gelu_kernel<C, C><<<grid(n * H4), 256, 0, stream()>>>(a.h, act_.data(), n * H4);  // act again
     check_launch();
     prod_.weight_grad(products::fcproj_wgrad, dXc, dX, act_.data(), n, D, H4, g(b.fc_proj_w),
-                      resid_db() ? nullptr : g(b.fc_proj_b));
+                      resid_db() ? nullptr : g(b.fc_proj_b), fresh);
     if (resid_db()) {  // the LayerNorm backward above summed dX's columns into it
       kernels::drain_kernel<<<grid(D), 256, 0, stream()>>>(resid_db(), g(b.fc_proj_b), int(D));
       check_launch();
@@ -387,7 +409,7 @@ private:
         check_launch();
       }
     });
-    prod_.weight_grad(products::fc_wgrad, dH, nullptr, a.xn2, n, H4, D, g(b.fc_w), g(b.fc_b));
+    prod_.weight_grad(products::fc_wgrad, dH, nullptr, a.xn2, n, H4, D, g(b.fc_w), g(b.fc_b), fresh);
     float* dxn = dsmall_.data();
     gemm(false, false, int(n), int(D), int(H4), 1.0f, dH, w.fc_w, 0.0f, dxn);
     float* proj_db = ln_sums_bias() ? g(b.proj_b) : nullptr;  // summed by this LayerNorm backward
@@ -395,13 +417,14 @@ private:
                                    int(D), stream(), 0, ln_partial(), proj_db);
     check_launch();
     // attention: xmid = x_l + y Wproj^T + bproj
-    prod_.weight_grad(products::proj_wgrad, dXc, dX, a.y, n, D, D, g(b.proj_w), proj_db ? nullptr : g(b.proj_b));
+    prod_.weight_grad(products::proj_wgrad, dXc, dX, a.y, n, D, D, g(b.proj_w), proj_db ? nullptr : g(b.proj_b),
+                      fresh);
     C* dY = dy_c_.data();
     gemm(false, false, int(n), int(D), int(D), 1.0f, dXc, w.proj_w, 0.0f, dY);
     C* dQKVc = big_c_.data();
     if (on_cudnn(B, T)) {  // dqkv in C, written whole
       cudnn_->backward(dY, a.qkv, a.y, a.lse, dQKVc, stream());
-      prod_.weight_grad(products::qkv_wgrad, dQKVc, nullptr, a.xn1, n, 3 * D, D, g(b.qkv_w), g(b.qkv_b));
+      prod_.weight_grad(products::qkv_wgrad, dQKVc, nullptr, a.xn1, n, 3 * D, D, g(b.qkv_w), g(b.qkv_b), fresh);
     } else {  // our kernels add into fp32 (dQ with atomics), then the C copy for the GEMMs
       float* dQKV = big_.data();
       TESSERA_CUDA(cudaMemsetAsync(dQKV, 0, n * 3 * D * sizeof(float), stream()));
@@ -422,7 +445,7 @@ private:
       }
       kernels::convert_kernel<C><<<grid(n * 3 * D), 256, 0, stream()>>>(dQKV, dQKVc, n * 3 * D);
       check_launch();
-      prod_.weight_grad(products::qkv_wgrad, dQKVc, dQKV, a.xn1, n, 3 * D, D, g(b.qkv_w), g(b.qkv_b));
+      prod_.weight_grad(products::qkv_wgrad, dQKVc, dQKV, a.xn1, n, 3 * D, D, g(b.qkv_w), g(b.qkv_b), fresh);
     }
     gemm(false, false, int(n), int(D), int(3 * D), 1.0f, dQKVc, w.qkv_w, 0.0f, dxn);
     // dX's column sums here are block l-1's fc_proj bias gradient (block 0's feed the embeddings: none)

@@ -173,6 +173,34 @@ __global__ void drain_kernel(T* in, float* out, int total) {
   }
 }
 
+//! Up to 8 float spans, zeroed by one zero_spans_kernel launch.
+struct float_spans {
+  static constexpr int capacity = 8;
+  float* p[capacity] = {};
+  int n[capacity] = {};
+  int count = 0;
+  void add(float* at, std::size_t elems) {
+    TESSERA_CHECK(count < capacity, "float_spans holds ", capacity, " spans");
+    p[count] = at, n[count] = int(elems), ++count;
+  }
+};
+
+//! Zeroes each span of s, span blockIdx.y (a template: a header's kernel, defined in every unit that includes it).
+template <class Spans = float_spans>
+__global__ void zero_spans_kernel(Spans s) {
+  const int v = int(blockIdx.y);
+  for (int k = int(blockIdx.x * blockDim.x + threadIdx.x); k < s.n[v]; k += int(gridDim.x * blockDim.x)) s.p[v][k] = 0;
+}
+
+//! Zeroes s's spans in one launch (nothing when it has none).
+inline void zero_spans(const float_spans& s, cudaStream_t stream) {
+  if (s.count == 0) return;
+  const int most = *std::max_element(s.n, s.n + s.count);
+  const unsigned blocks = unsigned(std::clamp((most + 1023) / 1024, 1, 1024));  // 4 elements a thread
+  zero_spans_kernel<float_spans><<<dim3(blocks, unsigned(s.count)), 256, 0, stream>>>(s);
+  check_launch();
+}
+
 //! out = in, converted (fp32 to C).
 template <class C>
 __global__ void convert_kernel(const float* in, C* out, std::size_t total) {

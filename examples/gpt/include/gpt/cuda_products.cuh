@@ -100,14 +100,16 @@ public:
     });
   }
 
-  //! dW (+)= dY^T X over n rows (fp32), and db (+)= the column sums of dY: in
-  //! the product's epilogue (cuBLASLt writes them into scratch, added to db),
-  //! or summed apart from dY32 (fp32, where the caller has it) or dY. Without
-  //! db, dW alone (the caller has the bias gradient from elsewhere).
+  //! dW (+)= dY^T X over n rows (fp32; `fresh`: dW holds nothing yet, so =),
+  //! and db += the column sums of dY: in the product's epilogue (cuBLASLt
+  //! writes them into scratch, added to db), or summed apart from dY32 (fp32,
+  //! where the caller has it) or dY. Without db, dW alone (the caller has the
+  //! bias gradient from elsewhere).
   void weight_grad(product p, const C* dY, const float* dY32, const C* X, std::size_t n, std::size_t out,
-                   std::size_t in, float* dW, float* db) {
+                   std::size_t in, float* dW, float* db, bool fresh = false) {
     const bool fuse = db && forms_.state(p) == 1;
-    mm<float>({.trans_a = true, .m = int(out), .n = int(in), .k = int(n), .a = dY, .b = X, .d = dW, .beta = 1.0f,
+    mm<float>({.trans_a = true, .m = int(out), .n = int(in), .k = int(n), .a = dY, .b = X, .d = dW,
+               .beta = fresh ? 0.0f : 1.0f,
                .ep = fuse ? epilogue::bgrad_a : epilogue::none, .bias_grad = fuse ? bias32_.data() : nullptr});
     if (!db) return;
     if (fuse) {

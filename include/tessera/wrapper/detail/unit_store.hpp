@@ -73,6 +73,9 @@ public:
       if (has_full_grads()) {
         st.grad_full = buffer<G>(L.padded_numel());
         ops::fill(st.grad_full.span(), G{});  // the padding stays zero from here on
+        // Nothing accumulated yet: the first step is fresh like every later one
+        // (a writer through grads_for_write assigns; another reader gets zeros).
+        st.zero_pending = true;
       }
       if (has_shards() && !lend_shards) {
         st.own_shard = buffer<G>(L.shard_numel());
