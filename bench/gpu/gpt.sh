@@ -71,7 +71,7 @@ else
       else
         log "FAIL gpt = torch ($prec)"; tail -20 "$LOGS/gpt-torch-$prec.log"; status=1
       fi
-      grep -E '^step' "$LOGS/gpt-torch-$prec.log" >>"$OUT/summary.txt"
+      grep -E '^step|^bf16 from' "$LOGS/gpt-torch-$prec.log" >>"$OUT/summary.txt"
     done
     # TESSERA_GPT_ALSO (e.g. "--attention flash"): the bf16 comparison again with those flags, same data.
     if [ -n "${TESSERA_GPT_ALSO:-}" ]; then
