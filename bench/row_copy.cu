@@ -18,7 +18,9 @@
 #include <vector>
 
 #include "common.cuh"
+#include "tessera/backend/convert.hpp"
 #include "tessera/backend/cuda/ops.cuh"
+#include "tessera/shard/row_copy.hpp"
 
 using namespace tessera;
 using namespace tessera_bench;
@@ -45,7 +47,7 @@ template <class T> std::vector<T> to_host(const dbuf<T>& b) {
 // The copies exactly as the wrapper runs them (its row_copies), for one unit.
 struct unit_copies {
   unit_layout L;
-  detail::row_copies<backend::cuda> copies;
+  row_copies<backend::cuda> copies;
   explicit unit_copies(unit_layout l) : L(std::move(l)) { copies.prepare({L}); }
 };
 
@@ -107,7 +109,7 @@ int main(int argc, char** argv) {
       const double copy16_ms = time_ms([&] { ops::copy(out.span(), std::span<const bf16>(wire.span())); }, 3, iters);
       const double in_ms = time_ms([&] { u.copies.copy_in(0, L, grads.data(), sent.data(), 0.5f); }, 3, iters);
       const double conv_ms = time_ms([&] {
-        ops::for_each(n, detail::scale_convert<bf16, float>{grads.data(), sent.data(), 0.5});
+        ops::for_each(n, scale_convert<bf16, float>{grads.data(), sent.data(), 0.5});
       }, 3, iters);
       // The ceiling for the copy-in: the same bytes moved (4 read + 2 written per element).
       dbuf<unsigned char> a(n * 3), b(n * 3);

@@ -11,6 +11,7 @@
 #include "tessera/core/random.hpp"
 #include "tessera/core/shape.hpp"
 #include "tessera/policy/policy.hpp"
+#include "tessera/backend/convert.hpp"
 #include "tessera/backend/memory.hpp"
 #include "tessera/backend/ops.hpp"
 #include "tessera/backend/host/buffer.hpp"
@@ -23,6 +24,7 @@
 #include "tessera/comm/mpi.hpp"
 #endif
 #include "tessera/shard/layout.hpp"
+#include "tessera/shard/row_copy.hpp"
 #include "tessera/shard/sharded_tensor.hpp"
 #include "tessera/wrapper/data_parallel.hpp"
 #include "tessera/wrapper/shard_view.hpp"

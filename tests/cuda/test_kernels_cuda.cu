@@ -67,7 +67,7 @@ BOOST_AUTO_TEST_CASE(conversions_on_device_match_host) {
   BOOST_TEST(bad == 0u);
 }
 
-// The wire conversion (detail::scale_convert) on the device, through its
+// The wire conversion (scale_convert) on the device, through its
 // 8-wide path (aligned) and its element path (offset by one element), fp32 ->
 // bf16 and in place, against the host's arithmetic bit for bit.
 BOOST_AUTO_TEST_CASE(scale_convert_vector_and_element_paths_match_host) {
@@ -79,10 +79,10 @@ BOOST_AUTO_TEST_CASE(scale_convert_vector_and_element_paths_match_host) {
       for (auto& v : x) v = nd(rng);
       auto dx = to_device(x);
       dbuf<bf16> dy(n + off);
-      const tessera::detail::scale_convert<bf16, float> f(dx.data() + off, dy.data() + off, 0.25);
+      const tessera::scale_convert<bf16, float> f(dx.data() + off, dy.data() + off, 0.25);
       BOOST_TEST(f.vector_ok == (off == 0));
       ops::for_each(n, f);
-      ops::for_each(n, tessera::detail::scale_convert<float, float>(dx.data() + off, dx.data() + off, 0.5));  // in place
+      ops::for_each(n, tessera::scale_convert<float, float>(dx.data() + off, dx.data() + off, 0.5));  // in place
       const auto y = to_host(dy);
       const auto x2 = to_host(dx);
       std::size_t bad = 0;

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "tessera/backend/convert.hpp"
 #include "tessera/backend/memory.hpp"
 #include "tessera/backend/ops.hpp"
 #include "tessera/comm/communicator.hpp"
@@ -23,13 +24,12 @@
 #include "tessera/core/dtype.hpp"
 #include "tessera/policy/config.hpp"
 #include "tessera/shard/layout.hpp"
-#include "tessera/wrapper/detail/convert.hpp"
+#include "tessera/shard/row_copy.hpp"
 #include "tessera/wrapper/detail/exact_sum.hpp"
 #include "tessera/wrapper/detail/gather_pool.hpp"
 #include "tessera/wrapper/detail/outer_link.hpp"
 #include "tessera/wrapper/detail/reduction_pool.hpp"
 #include "tessera/wrapper/detail/registry.hpp"
-#include "tessera/wrapper/detail/row_copy.hpp"
 #include "tessera/wrapper/detail/storage.hpp"
 #include "tessera/wrapper/detail/unit_store.hpp"
 #include "tessera/wrapper/options.hpp"

@@ -10,12 +10,12 @@
 #include <type_traits>
 #include <vector>
 
+#include "tessera/backend/convert.hpp"
 #include "tessera/backend/ops.hpp"
 #include "tessera/comm/communicator.hpp"
 #include "tessera/comm/staged.hpp"
 #include "tessera/comm/trace.hpp"
 #include "tessera/policy/config.hpp"
-#include "tessera/wrapper/detail/convert.hpp"
 
 namespace tessera::detail {
 

@@ -15,10 +15,10 @@
 #include <utility>
 #include <vector>
 
+#include "tessera/backend/convert.hpp"
 #include "tessera/backend/ops.hpp"
 #include "tessera/comm/communicator.hpp"
 #include "tessera/core/checksum.hpp"
-#include "tessera/wrapper/detail/convert.hpp"
 #include "tessera/wrapper/detail/exact_sum.hpp"
 
 namespace tessera::detail {

@@ -24,8 +24,8 @@
 
 #include "tessera/policy/config.hpp"
 #include "tessera/shard/layout.hpp"
+#include "tessera/shard/row_copy.hpp"
 #include "tessera/wrapper/detail/exact_sum.hpp"
-#include "tessera/wrapper/detail/row_copy.hpp"
 #include "tessera/wrapper/options.hpp"
 
 namespace tessera::detail {

@@ -11,14 +11,14 @@
 #include <utility>
 #include <vector>
 
+#include "tessera/backend/convert.hpp"
 #include "tessera/backend/memory.hpp"
 #include "tessera/backend/ops.hpp"
 #include "tessera/comm/communicator.hpp"
-#include "tessera/comm/trace.hpp"
 #include "tessera/comm/staged.hpp"
+#include "tessera/comm/trace.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/wrapper/detail/comm_buffer.hpp"
-#include "tessera/wrapper/detail/convert.hpp"
 #include "tessera/wrapper/detail/registry.hpp"
 #include "tessera/wrapper/detail/storage.hpp"
 

@@ -1,14 +1,15 @@
 #pragma once
-//! \file The element functors the wrapper runs over gradient and weight
-//! buffers: dtype conversion with a scale, and accumulation. Shared by both
-//! backends (backend_ops<B>::for_each).
+//! \file Element functors for backend_ops<B>::for_each over gradient and
+//! weight buffers: dtype conversion with a scale, and accumulation. The
+//! wrappers run them around every collective; public, so that a benchmark or
+//! a trainer times and runs the very same passes.
 #include <cstddef>
 
 #include "tessera/core/config.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/vec.hpp"
 
-namespace tessera::detail {
+namespace tessera {
 
 //! y[i] = convert(x[i]) * s (x == y allowed). Eight elements per thread with
 //! vector accesses where both pointers allow it: the wire conversion before
@@ -47,4 +48,4 @@ struct accumulate_convert {
   }
 };
 
-}  // namespace tessera::detail
+}  // namespace tessera

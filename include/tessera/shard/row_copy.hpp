@@ -148,8 +148,13 @@ struct copy_in {
   }
 };
 
+}  // namespace tessera::detail
+
+namespace tessera {
+
 //! What a wrapper needs for its rows-layout copies: every permuted unit's
-//! segment table in backend memory, and the two copies over it.
+//! segment table in backend memory, and the two copies over it. Public, so
+//! that a benchmark times the very copies fsdp2 runs (bench/row_copy.cu).
 template <class B>
 class row_copies {
   using ops = backend_ops<B>;
@@ -158,9 +163,9 @@ public:
   //! Tables for the units whose layout is permuted (none where nothing is).
   void prepare(const std::vector<unit_layout>& layouts) {
     for (const auto& L : layouts) {
-      const auto v = row_segments(L);
+      const auto v = detail::row_segments(L);
       tables_.emplace_back(L.permuted() ? v.size() : 0);
-      if (L.permuted() && !v.empty()) ops::copy_from_host(tables_.back().span(), std::span<const row_segment>(v));
+      if (L.permuted() && !v.empty()) ops::copy_from_host(tables_.back().span(), std::span<const detail::row_segment>(v));
     }
   }
   //! Unit u's gathered buffer (shard order) into `out` (its compute layout), on the current stream.
@@ -178,7 +183,7 @@ public:
   }
 
 private:
-  std::vector<typename ops::template buffer<row_segment>> tables_;
+  std::vector<typename ops::template buffer<detail::row_segment>> tables_;
 };
 
-}  // namespace tessera::detail
+}  // namespace tessera
