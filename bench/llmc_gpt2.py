@@ -82,8 +82,11 @@ def main():
         sys.stderr.write(r.stdout[-4000:])
         sys.exit('llmc_gpt2: no step lines in llm.c\'s output (too few --steps?)')
     tps = a.batch * a.seq * len(times) / sum(times) * 1e3
+    # The spread too: on an H200 llm.c's small-model steps once varied 75-120 ms from step to step.
+    ordered = sorted(times)
     print(json.dumps({'summary': True, 'llmc': True, 'tokens_per_s': tps, 'peak_bytes': peak,
-                      'model': a.model, 'batch': a.batch, 'steps_timed': len(times)}), flush=True)
+                      'model': a.model, 'batch': a.batch, 'steps_timed': len(times), 'min_ms': ordered[0],
+                      'median_ms': ordered[len(ordered) // 2], 'max_ms': ordered[-1]}), flush=True)
 
 
 if __name__ == '__main__':
