@@ -54,7 +54,7 @@ def main():
     p.add_argument('--steps', type=int, default=30)
     a = p.parse_args()
     if not os.access(a.llmc, os.X_OK):
-        sys.exit(f'llmc_gpt2: {a.llmc} is not an executable llm.c train_gpt2cu')
+        sys.exit(f'tessera: llmc_gpt2: {a.llmc} is not an executable llm.c train_gpt2cu')
     with tempfile.TemporaryDirectory() as tmp:
         train, val = os.path.join(tmp, 'train.bin'), os.path.join(tmp, 'val.bin')
         # Enough tokens that no step sees the same batch twice (llm.c shuffles within an epoch).
@@ -67,7 +67,7 @@ def main():
         r = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True)
     if r.returncode != 0:
         sys.stderr.write(r.stdout[-4000:] + r.stderr[-4000:])
-        sys.exit(f'llmc_gpt2: train_gpt2cu exited with {r.returncode}')
+        sys.exit(f'tessera: llmc_gpt2: train_gpt2cu exited with {r.returncode}')
     times, peak = [], 0
     for line in r.stdout.splitlines():
         if m := MEMORY.match(line):
@@ -80,7 +80,7 @@ def main():
                 times.append(ms)
     if not times:
         sys.stderr.write(r.stdout[-4000:])
-        sys.exit('llmc_gpt2: no step lines in llm.c\'s output (too few --steps?)')
+        sys.exit('tessera: llmc_gpt2: no step lines in llm.c\'s output (too few --steps?)')
     tps = a.batch * a.seq * len(times) / sum(times) * 1e3
     # The spread too: on an H200 llm.c's small-model steps once varied 75-120 ms from step to step.
     ordered = sorted(times)
