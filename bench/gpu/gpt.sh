@@ -36,12 +36,17 @@
 #    beside the default path in the same call;
 #  - ab: $TESSERA_GPU_BIN_BASE/tessera-gpt (a build to compare against; default this one) and
 #    this build's, alternating, $TESSERA_GPT_AB_PAIRS pairs (2) at each $TESSERA_GPT_SIZES, the base
-#    side under the environment $TESSERA_GPT_AB_BASE_ENV (e.g. TESSERA_MATMUL_CANDIDATES=1): each
+#    side under the environment $TESSERA_GPT_AB_BASE_ENV (e.g. TESSERA_MATMUL_CANDIDATES=1) and
+#    with the flags $TESSERA_GPT_AB_BASE_FLAGS (e.g. --cuda-graphs off): each
 #    side's median tokens/s, their ratio, and both sides' first and last losses (the same
 #    arithmetic should give nearly the same);
 #  - init: initial weights drawn on the device equal at 1, 2 and 3 ranks, and the host's;
 #    tessera-bench-init: each init_param call's time against its draws alone (1.5B).
-# TESSERA_GPT_PARTS="kernels curves torch hf init determinism speed ab variants profile learn multi" picks parts.
+#  - graphs: step graphs against eager steps bit for bit (--cuda-graphs on and off, --deterministic,
+#    one micro-batch: the dumped weights and the loss lines; bf16 on cuDNN, fp32 on the exact
+#    attention, and a bf16 run that validates and saves mid-way, which ends the graph twice);
+#    their speed is the ab part with TESSERA_GPT_AB_BASE_FLAGS="--cuda-graphs off".
+# TESSERA_GPT_PARTS="kernels curves torch hf init determinism graphs speed ab variants profile learn multi" picks parts.
 gpt_text=${TESSERA_GPT_TEXT:-}
 gpt_parts=${TESSERA_GPT_PARTS:-kernels curves torch hf speed}
 if [ -z "$gpt_text" ] || [ ! -f "$gpt_text" ]; then
@@ -188,16 +193,43 @@ else
       python3 bench/gpt_speed_summary.py "$OUT/gpt-$model-b$b-tessera.json" $peers | tee -a "$OUT/summary.txt"
     done
   fi
+  if [[ " $gpt_parts " == *" graphs "* ]]; then
+    G=$LOGS/gpt-graphs; mkdir -p "$G"
+    small="--layers 4 --heads 4 --d 256 --seq 256 --batch 4 --steps 12 --lr 1e-3 --warmup 3 --log-every 1"
+    for spec in "det-bf16:--precision bf16" "det-fp32:--precision fp32" \
+                "det-bf16-val-save:--precision bf16 --val-data $gpt_text --val-every 4 --save $G/ckpt --save-every 5"; do
+      name=${spec%%:*} flags=${spec#*:}
+      for mode in on off; do
+        rm -rf "$G/ckpt"
+        timeout 300 "$bin/tessera-gpt" --backend cuda $small --deterministic --data "$gpt_text" --text $flags \
+          --cuda-graphs $mode --dump-weights "$G/$name-$mode.pt" >"$G/$name-$mode.txt" 2>&1 ||
+          { log "FAIL gpt graphs $name $mode"; tail -5 "$G/$name-$mode.txt"; status=1; }
+      done
+      for mode in on off; do  # the loss lines without their times
+        grep '^step' "$G/$name-$mode.txt" | sed -E 's/ +[0-9.]+ ms +[0-9]+ tokens\/s//' >"$G/$name-$mode.loss"
+      done
+      if ! grep -q 'one CUDA graph of' "$G/$name-on.txt"; then
+        log "FAIL gpt graphs $name: no step graph ($(grep -h '^done' "$G/$name-on.txt"))"; status=1
+      elif cmp -s "$G/$name-on.pt" "$G/$name-off.pt" && cmp -s "$G/$name-on.loss" "$G/$name-off.loss"; then
+        log "PASS gpt graphs $name: weights byte-identical, $(wc -l <"$G/$name-on.loss") loss lines identical; $(grep -ho 'one CUDA graph of [0-9]* nodes' "$G/$name-on.txt")"
+      else
+        log "FAIL gpt graphs $name: graph and eager differ (weights: $(cmp -s "$G/$name-on.pt" "$G/$name-off.pt" && echo same || echo differ))"
+        status=1
+        diff "$G/$name-on.loss" "$G/$name-off.loss" | head -8
+      fi
+    done
+  fi
   if [[ " $gpt_parts " == *" ab "* ]]; then
     base_bin=${TESSERA_GPU_BIN_BASE:-$bin}
     for spec in ${TESSERA_GPT_SIZES:-gpt2:8}; do
       model=${spec%%:*} b=${spec##*:}
       for i in $(seq 1 "${TESSERA_GPT_AB_PAIRS:-2}"); do
         for side in base new; do
-          exe=$bin/tessera-gpt envs=()
-          [ $side = base ] && { exe=$base_bin/tessera-gpt; read -r -a envs <<<"${TESSERA_GPT_AB_BASE_ENV:-}"; }
+          exe=$bin/tessera-gpt envs=() flags=()
+          [ $side = base ] && { exe=$base_bin/tessera-gpt; read -r -a envs <<<"${TESSERA_GPT_AB_BASE_ENV:-}";
+                                read -r -a flags <<<"${TESSERA_GPT_AB_BASE_FLAGS:-}"; }
           timeout 300 env "${envs[@]}" "$exe" --backend cuda --model $model --precision bf16 --batch $b --steps 14 \
-            --log-every 1 --json --data "$gpt_text" --text ${TESSERA_GPT_FLAGS:-} \
+            --log-every 1 --json --data "$gpt_text" --text ${TESSERA_GPT_FLAGS:-} "${flags[@]}" \
             >"$OUT/gpt-ab-$model-b$b-$side-$i.json" 2>"$LOGS/gpt-ab-$model-b$b-$side-$i.err" ||
             { log "FAIL gpt ab $model $side $i"; tail -3 "$LOGS/gpt-ab-$model-b$b-$side-$i.err"; status=1; }
         done

@@ -28,6 +28,9 @@ struct options {
   double timeout = -1;  // seconds; < 0: the library's default
   std::string order_check = "auto";
   std::string attention = "auto";  // the CUDA net's, in bf16: auto, cudnn, flash, exact
+  // tessera::step_graph: auto, on, off. Off by default: 0.999x / 0.990x of eager steps at 124M and
+  // 1.5B on an H100 (bench/RESULTS.md), where the MLP trainer's small steps gain from it.
+  std::string cuda_graphs = "off";
   std::string shard_group, outer = "no_shard";  // mesh: "" = flat world, "node", or S ranks per shard group
   std::uint64_t seed = 1;
   std::string data, val_data, save, load, dump_weights;
@@ -86,6 +89,12 @@ inline int parse(int argc, char** argv, options& o) {
                  "--backend cuda: auto (cuDNN's fused attention where this build has cuDNN and it runs the shape, "
                  "else flash), cudnn, flash (ours, bf16 tensor cores) or exact (ours, fp32 arithmetic)")
       ->check(CLI::IsMember({"auto", "cudnn", "flash", "exact"}));
+  app.add_option("--cuda-graphs", o.cuda_graphs,
+                 "--backend cuda: each step after the first two as one CUDA graph launch (tessera::step_graph). auto: "
+                 "where it can (one rank; not --deterministic with several micro-batches per rank); on: the same, an "
+                 "error where it cannot; off (the default: GPT-2's steps are long enough that graphs do not pay): "
+                 "every kernel issued one by one")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
   app.add_flag("--recompute", o.recompute, "keep each block's input only; recompute the block in backward (less memory)");
   app.add_option("--log-every", o.log_every, "log every N steps")->check(CLI::Range(1, 1 << 30));
   app.add_option("--save", o.save, "write a checkpoint under this directory at the end (and every --save-every steps)");
@@ -123,6 +132,7 @@ inline int parse(int argc, char** argv, options& o) {
   if (const std::string e = trainer_kit::mesh_options_error(o.shard_group, o.outer, o.wrapper, o.strategy); !e.empty())
     return bad(e);
   if (o.attention != "auto" && o.backend != "cuda") return bad("--attention chooses the CUDA net's kernels; give --backend cuda");
+  if (o.cuda_graphs == "on" && o.backend != "cuda") return bad("--cuda-graphs on needs --backend cuda");
   if (o.deterministic && o.backend == "cuda" && !workspace::layernorm_ordered_fits(o.shape.d))
     return bad(workspace::layernorm_ordered_refusal(o.shape.d));
   if (!tessera::wrapper_supports(o.wrapper, o.strategy))
@@ -144,7 +154,7 @@ inline std::string describe(const options& o) {
   put("keep", o.keep), put("load", o.load), put("dump-weights", o.dump_weights), put("sample", o.sample);
   put("json", o.json), put("timeout", o.timeout), put("order-check", o.order_check);
   put("shard-group", o.shard_group), put("outer", o.outer), put("deterministic", o.deterministic);
-  put("attention", o.attention);
+  put("attention", o.attention), put("cuda-graphs", o.cuda_graphs);
   return put.text;
 }
 

@@ -140,7 +140,21 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   };
 
-  Net<Wrapper> net(model, ids, shape, o.batch, net_options{.recompute = o.recompute, .attention = o.attention, .deterministic = o.deterministic});
+  // --cuda-graphs: each steady-state step one graph launch (tessera::step_graph,
+  // which the CUDA net names); a step's micro-batches are staged before it.
+  using Net_t = Net<Wrapper>;
+  constexpr bool graphable = requires { typename Net_t::template graph_runner<decltype(opt)>; };
+  const char* no_graph = !graphable                     ? "the host backend"
+                         : N > 1                        ? "several ranks"
+                         : o.deterministic && count > 1 ? "--deterministic with several micro-batches per rank"
+                                                        : nullptr;
+  if (o.cuda_graphs == "on" && no_graph)
+    throw tessera::error(std::string("--cuda-graphs on: step graphs do not run with ") + no_graph + " (use auto or off)");
+  const bool graphs = o.cuda_graphs != "off" && !no_graph;
+  const net_options nopt{.recompute = o.recompute, .attention = o.attention, .deterministic = o.deterministic,
+                         .input_slots = graphs ? count : 1};
+  Net_t net(model, ids, shape, o.batch, nopt);
+  auto runner = trainer_kit::make_step_runner<Net_t>(opt, graphs);
   const std::size_t row = std::size_t(shape.seq) + 1;
   std::vector<std::uint16_t> seqs(std::size_t(o.batch) * row);
   const double global_tokens = double(o.batch) * N * count * shape.seq;
@@ -183,7 +197,7 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
 
   // The busiest rank's (shards of sizes that do not divide differ by rank): what tessera-plan memory reports.
   std::size_t est = model.planned().total() + opt.state_bytes() +
-                          Net<Wrapper>::workspace_bytes(shape, o.batch, net_options{.recompute = o.recompute, .attention = o.attention, .deterministic = o.deterministic}) +
+                          Net<Wrapper>::workspace_bytes(shape, o.batch, nopt) +
                           Net<Wrapper>::blas_workspace_bytes() + net.runtime_workspace_bytes();
   {
     auto busiest = std::int64_t(est);
@@ -212,17 +226,32 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
     // The last step is a profiler range where the net has one (CUDA: NVTX "tessera-step").
     const bool marked = step + 1 == o.steps;
     if constexpr (requires { net.begin_range(); }) if (marked) net.begin_range();
-    for (int k = 0; k < count; ++k) {
-      model.begin_micro_batch(k, count);
-      sample(step, k);
-      net.forward_backward(seqs.data(), o.batch, global_tokens);
-      if (o.deterministic) {  // each micro-batch's loss on its own
+    step_result res;
+    if constexpr (graphable) {
+      if (graphs) {  // every micro-batch in its own slot, then the step (one graph launch after the warm-up)
+        for (int k = 0; k < count; ++k) {
+          sample(step, k);
+          net.stage(k, seqs.data(), o.batch);
+        }
+        const auto handle = runner.step([&] { net.forward_backward_slots(count, o.batch, global_tokens); });
         net.finish_loss();
-        micro_loss[std::size_t(k) * N + r] = net.take_loss();
+        if (o.deterministic) micro_loss[std::size_t(r)] = net.take_loss();  // one micro-batch (checked above)
+        res = handle.get();
       }
     }
-    if (!o.deterministic) net.finish_loss();
-    const step_result res = opt.step().get();
+    if (!graphs) {
+      for (int k = 0; k < count; ++k) {
+        model.begin_micro_batch(k, count);
+        sample(step, k);
+        net.forward_backward(seqs.data(), o.batch, global_tokens);
+        if (o.deterministic) {  // each micro-batch's loss on its own
+          net.finish_loss();
+          micro_loss[std::size_t(k) * N + r] = net.take_loss();
+        }
+      }
+      if (!o.deterministic) net.finish_loss();
+      res = opt.step().get();
+    }
     if constexpr (requires { net.end_range(); }) if (marked) net.end_range();
     double loss = 0;
     if (o.deterministic) {
@@ -238,7 +267,10 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
     const bool last = step + 1 == o.steps;
     const bool shown = step % o.log_every == 0 || last;
     const bool validate = val && ((o.val_every > 0 && (step + 1) % o.val_every == 0) || last);
-    if (validate) val_loss = evaluate();
+    if (validate) {
+      runner.finish();  // a step graph leaves the step's updates for the next: this step's weights first
+      val_loss = evaluate();
+    }
     if (talk && shown) {
       const double tps = global_tokens / s;
       if (o.json) {
@@ -257,8 +289,12 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
       else std::printf("step %5ld  val loss %.4f\n", step, val_loss);
       std::fflush(stdout);
     }
-    if (!o.save.empty() && o.save_every > 0 && (step + 1) % o.save_every == 0) save(last_saved = step + 1);
+    if (!o.save.empty() && o.save_every > 0 && (step + 1) % o.save_every == 0) {
+      runner.finish();  // (the next step then runs eagerly, and replays resume after it)
+      save(last_saved = step + 1);
+    }
   }
+  runner.finish();  // the last step's updates, before the weights are read, saved or sampled
   if (val && first_step >= o.steps) {  // nothing trained (--steps 0, or resumed at the end): the weights as they are
     val_loss = evaluate();
     if (talk && !o.json) std::printf("step %5ld  val loss %.6f\n", first_step, val_loss);
@@ -319,14 +355,20 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
                      {"attention_workspace_bytes", net.runtime_workspace_bytes()},
                      {"init_s", init_s}, {"attention", net.attention_name()}, {"deterministic", o.deterministic},
                      {"shard_group", model.world()}, {"replicas", model.replicas()}, {"outer", Cfg::outer_type::name},
-                     {"products", net.products_used()}};
+                     {"products", net.products_used()}, {"cuda_graphs", runner.captured()},
+                     {"graph_nodes", runner.nodes()}};
     if (val_loss >= 0) j["val_loss"] = val_loss;
     if (o.json) std::printf("%s\n", j.dump().c_str());
     else
-      std::printf("done: final loss %.4f%s, %.0f tokens/s over %d rank%s, peak %.2f MiB per rank (library buffers; "
+      std::printf("done: final loss %.4f%s, %.0f tokens/s over %d rank%s%s, peak %.2f MiB per rank (library buffers; "
                   "estimate %.2f MiB)\n",
                   final_loss, val_loss >= 0 ? (", validation loss " + std::to_string(val_loss)).c_str() : "", tps, N,
-                  N == 1 ? "" : "s", double(peak) / (1 << 20), double(est) / (1 << 20));
+                  N == 1 ? "" : "s",
+                  runner.captured() ? (" (steps as one CUDA graph of " + std::to_string(runner.nodes()) +
+                                       " nodes after the first two)").c_str()
+                  : graphable && no_graph && o.cuda_graphs == "auto"  // asked for where they can run
+                      ? (std::string(" (no step graphs: ") + no_graph + ")").c_str() : "",
+                  double(peak) / (1 << 20), double(est) / (1 << 20));
   }
   return 0;
 }

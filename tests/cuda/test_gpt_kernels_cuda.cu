@@ -514,6 +514,8 @@ BOOST_AUTO_TEST_CASE(embedding_backward_sums_repeated_tokens) {
   gpt::kernels::token_groups groups;
   groups.build(tok.data(), n, 128);
   BOOST_TEST(groups.groups <= V);
+  // The same layout for any tokens of n rows (a step graph replays backward() on the next micro-batch's).
+  BOOST_TEST(groups.ints.size() == n + 2 * std::min<std::size_t>(n, 128) + 1);
   auto dgroups = to_device(groups.ints);
   auto ordered = [&] {
     TESSERA_CUDA(cudaMemset(gwte.data(), 0, gwte.size() * sizeof(float)));

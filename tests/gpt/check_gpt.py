@@ -166,6 +166,8 @@ cases = [
     (['--val-every', '5'], '--val-every needs --val-data'),
     (['--timeout', 'nan'], '--timeout nan'),
     (['--attention', 'flash'], '--attention chooses the CUDA net'),
+    (['--cuda-graphs', 'on'], '--cuda-graphs on needs --backend cuda'),
+    (['--cuda-graphs', 'maybe'], '--cuda-graphs'),
     (['--backend', 'cuda', '--deterministic', '--heads', '2', '--d', '30'], 'multiple of 4 up to 2048, not 30'),
     (['--outer', 'optim'], '--outer optim needs a mesh'),
     (['--shard-group', 'two'], '--shard-group two is not a positive number'),

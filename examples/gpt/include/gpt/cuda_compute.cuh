@@ -23,6 +23,7 @@
 // with no timing.
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <span>
 #include <string>
@@ -44,6 +45,7 @@
 #include "tessera/backend/cuda/blaslt.hpp"
 #include "tessera/backend/cuda/buffer.hpp"
 #include "tessera/backend/cuda/stream.hpp"
+#include "tessera/optim/step_graph.cuh"
 
 namespace gpt {
 
@@ -61,6 +63,9 @@ class cuda_gpt {
 
 public:
   static constexpr const char* backend_name = "cuda";
+  //! The trainer's steps as CUDA graphs: stage() each micro-batch's tokens,
+  //! then forward_backward_slots() inside the step.
+  template <class Opt> using graph_runner = tessera::step_graph<Opt>;
 
   cuda_gpt(Wrapper& m, const model_ids& ids, const model_shape& s, int batch, net_options o = {})
       : m_(m), ids_(ids), s_(s), o_(o), n_max_(std::size_t(batch) * std::size_t(s.seq)) {
@@ -72,6 +77,11 @@ public:
                   s.head_dim());
     TESSERA_CHECK(o.attention != "cudnn" || !fp32, "--attention cudnn runs bf16 (--precision bf16)");
     TESSERA_CHECK(!o.deterministic || workspace::layernorm_ordered_fits(s.d), workspace::layernorm_ordered_refusal(s.d));
+    TESSERA_CHECK(o.input_slots >= 1, "cuda_gpt: input_slots ", o.input_slots, " (at least 1)");
+    // --deterministic's token groups (the embedding's ordered backward) are one
+    // micro-batch's: a step graph of it holds one micro-batch.
+    TESSERA_CHECK(!o.deterministic || o.input_slots == 1, "cuda_gpt: --deterministic holds one micro-batch's tokens "
+                  "(input_slots 1; it has ", o.input_slots, ")");
     // cuDNN's fused attention for the training shape (batch x seq); other
     // shapes (sampling) run flash or exact. In auto, a cuDNN that cannot run
     // this shape leaves flash, and the banner says why.
@@ -99,7 +109,7 @@ public:
     dx_ = dbuf<float>(n * D), dsmall_ = dbuf<float>(n * D), dx_c_ = dbuf<C>(n * D), dy_c_ = dbuf<C>(n * D);
     const std::size_t rows = std::min(chunk_rows, n);
     z_ = dbuf<C>(rows * std::size_t(s.padded_vocab()));  // logits, then their gradient in place
-    tok_ = dbuf<std::uint16_t>(2 * n);
+    tok_ = dbuf<std::uint16_t>(std::size_t(o.input_slots) * 2 * n);  // per slot: inputs, then targets
     loss_ = dbuf<double>(1);
     if (flash_ || o.deterministic) dvec_ = dbuf<float>(n * std::size_t(s.heads));
     if (o.deterministic) {
@@ -134,32 +144,53 @@ public:
 
   //! Device bytes this class holds, for the memory estimate.
   [[nodiscard]] static std::size_t workspace_bytes(const model_shape& s, int batch, net_options o = {}) {
-    return workspace::cuda_bytes<C>(s, batch, o.recompute, uses_flash(s), o.deterministic);
+    return workspace::cuda_bytes<C>(s, batch, o.recompute, uses_flash(s), o.deterministic, o.input_slots);
   }
   //! Device bytes known once the net is built: cuDNN's attention workspace.
   [[nodiscard]] std::size_t runtime_workspace_bytes() const { return cudnn_ ? cudnn_->workspace_bytes() : 0; }
   //! cuBLASLt's workspace on this net's stream (the library's memory counts it).
   [[nodiscard]] static constexpr std::size_t blas_workspace_bytes() { return workspace::cublaslt_bytes; }
 
+  //! One micro-batch of `batch` sequences (seq + 1 tokens each): forward,
+  //! loss, backward, with gradients written into the wrapper (scaled by
+  //! 1 / global_tokens). The summed loss accumulates on the device (finish_loss).
   void forward_backward(const std::uint16_t* seqs, int batch, double global_tokens) {
+    stage(0, seqs, batch);
+    forward_backward_staged(0, batch, global_tokens);
+  }
+  //! Puts one micro-batch's tokens in input slot `slot` (of
+  //! net_options::input_slots), for forward_backward_staged. Waits for the
+  //! copy: call it before the step, never inside one being captured.
+  void stage(int slot, const std::uint16_t* seqs, int batch) {
+    TESSERA_CHECK(slot >= 0 && std::size_t(slot) < slots(), "input slot ", slot, " of ", slots());
+    TESSERA_CHECK(std::size_t(batch) * std::size_t(s_.seq) <= n_max_, "micro-batch of ", batch,
+                  " sequences over the planned ", n_max_ / std::size_t(s_.seq));
+    upload(seqs, std::size_t(batch), std::size_t(s_.seq), true, slot);
+  }
+  //! A step's `count` micro-batches, staged in slots 0 .. count - 1:
+  //! begin_micro_batch and forward_backward_staged for each (what the
+  //! trainer's step graph captures).
+  void forward_backward_slots(int count, int batch, double global_tokens) {
+    for (int k = 0; k < count; ++k) {
+      m_.begin_micro_batch(k, count);
+      forward_backward_staged(k, batch, global_tokens);
+    }
+  }
+  //! forward_backward on the tokens stage() put in `slot`: device work only,
+  //! the same every step, so a step graph can capture it.
+  void forward_backward_staged(int slot, int batch, double global_tokens) {
     const std::size_t B = std::size_t(batch), T = std::size_t(s_.seq), n = B * T, D = std::size_t(s_.d),
                       V = std::size_t(s_.vocab), Vp = std::size_t(s_.padded_vocab());
     TESSERA_CHECK(n <= n_max_, "micro-batch of ", batch, " sequences over the planned ", n_max_ / T);
-    upload(seqs, B, T, true);
+    TESSERA_CHECK(slot >= 0 && std::size_t(slot) < slots(), "input slot ", slot, " of ", slots());
+    in_slot_ = std::size_t(slot);
     auto se = m_.gather(ids_.embed);  // held to the end: lookup, head, embedding backward
     const C* E = se.weights().data();
     forward_blocks(E, B, T);
     const C* wte = E + m_.slot(ids_.wte).offset;
-    // Fresh gradients (the first micro-batch): the head's first chunk assigns
-    // all of wte's, and the rest, which kernels add into, are zeroed here.
-    const auto target = se.grads_for_write();
-    const bool fresh = target.fresh;
-    auto ge = [&, data = target.grads.data()](tessera::param_id p) { return data + m_.slot(p).offset; };
-    if (fresh) {
-      kernels::float_spans vs;
-      for (const tessera::param_id p : {ids_.wpe, ids_.lnf_w, ids_.lnf_b}) vs.add(ge(p), m_.slot(p).numel);
-      kernels::zero_spans(vs, stream());
-    }
+    // Fresh: the head's first chunk assigns all of wte's gradient.
+    const grads ge = write_grads(se, {ids_.wpe, ids_.lnf_w, ids_.lnf_b});
+    const bool fresh = ge.fresh;
     float* g_wte = ge(ids_.wte);
     const float scale = float(1.0 / global_tokens);
     head(E, n, [&](std::size_t r0, std::size_t rows) {
@@ -219,6 +250,7 @@ public:
     const std::size_t T = std::size_t(len), V = std::size_t(s_.vocab);
     std::vector<std::uint16_t> both(2 * T, 0);
     std::copy_n(tokens, T, both.begin());
+    in_slot_ = 0;
     TESSERA_CUDA(cudaMemcpyAsync(tok_.data(), both.data(), T * sizeof(std::uint16_t), cudaMemcpyHostToDevice, stream()));
     auto se = m_.gather(ids_.embed);
     const C* E = se.weights().data();
@@ -254,8 +286,10 @@ private:
   static void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const T* a, const T* b, float beta, TC* c) {
     products::gemm(ta, tb, m, n, k, alpha, a, b, beta, c);
   }
-  const std::uint16_t* inputs() const { return tok_.data(); }
-  const std::uint16_t* targets() const { return tok_.data() + n_max_; }
+  // The tokens the micro-batch being issued reads (slot in_slot_).
+  const std::uint16_t* inputs() const { return tok_.data() + in_slot_ * 2 * n_max_; }
+  const std::uint16_t* targets() const { return inputs() + n_max_; }
+  std::size_t slots() const { return tok_.size() / (2 * n_max_); }
   // --deterministic's buffers (null otherwise): each row's loss, LayerNorm's partial sums.
   double* row_loss(std::size_t r0) { return o_.deterministic ? row_loss_.data() + r0 : nullptr; }
   float* ln_partial() { return o_.deterministic ? ln_partial_.data() : nullptr; }
@@ -272,10 +306,11 @@ private:
   // Inputs and next-token targets of B sequences of T + 1 tokens, to the
   // device; with `groups` under --deterministic, the inputs' rows grouped by
   // token too (the embedding's backward in a fixed order).
-  void upload(const std::uint16_t* seqs, std::size_t B, std::size_t T, bool groups = false) {
+  void upload(const std::uint16_t* seqs, std::size_t B, std::size_t T, bool groups = false, int slot = 0) {
     host_tok_.assign(2 * n_max_, 0);
     split_sequences(seqs, B, T, host_tok_.data(), host_tok_.data() + n_max_);
-    TESSERA_CUDA(cudaMemcpyAsync(tok_.data(), host_tok_.data(), host_tok_.size() * sizeof(std::uint16_t),
+    in_slot_ = std::size_t(slot);
+    TESSERA_CUDA(cudaMemcpyAsync(tok_.data() + in_slot_ * 2 * n_max_, host_tok_.data(), host_tok_.size() * sizeof(std::uint16_t),
                                  cudaMemcpyHostToDevice, stream()));
     if (groups && o_.deterministic) {
       groups_.build(host_tok_.data(), B * T, s_.padded_vocab());
@@ -299,6 +334,28 @@ private:
   }
   using block_weights = gpt::block_weights<C>;
   block_weights weights_of(const block_ids& b, const C* w) const { return gpt::weights_of(m_, b, w); }
+
+  // A unit's gradients as the backward writes them: g(p) is parameter p's.
+  struct grads {
+    float* data;
+    const Wrapper* m;
+    bool fresh;  // the step's first micro-batch: nothing to add to
+    float* operator()(tessera::param_id p) const { return data + m->slot(p).offset; }
+  };
+  // The library does not zero fresh gradients (grads_for_write): the products
+  // that assign write with beta = 0, and `added`, the parameters whose
+  // gradients kernels add into, are zeroed here in one launch.
+  template <class Scope>
+  grads write_grads(Scope& scope, std::initializer_list<tessera::param_id> added) {
+    const auto target = scope.grads_for_write();
+    const grads g{target.grads.data(), &m_, target.fresh};
+    if (g.fresh) {
+      kernels::float_spans vs;
+      for (const tessera::param_id p : added) vs.add(g(p), m_.slot(p).numel);
+      kernels::zero_spans(vs, stream());
+    }
+    return g;
+  }
 
   void forward_blocks(const C* E, std::size_t B, std::size_t T) {
     const std::size_t n = B * T, D = std::size_t(s_.d);
@@ -376,18 +433,9 @@ private:
     const slot a = slot_of(l);
     float* dX = dx_.data();
     C* dXc = dx_c_.data();
-    // Fresh gradients (the step's first micro-batch) are not zeroed by the
-    // library: the four dW products assign, and the vectors, which kernels
-    // add into, are zeroed here in one launch.
-    const auto target = sc.grads_for_write();
-    const bool fresh = target.fresh;
-    auto g = [&, data = target.grads.data()](tessera::param_id p) { return data + m_.slot(p).offset; };
-    if (fresh) {
-      kernels::float_spans vs;
-      for (const tessera::param_id p : {b.ln1_w, b.ln1_b, b.qkv_b, b.proj_b, b.ln2_w, b.ln2_b, b.fc_b, b.fc_proj_b})
-        vs.add(g(p), m_.slot(p).numel);
-      kernels::zero_spans(vs, stream());
-    }
+    // Fresh: the four dW products assign their gradients.
+    const grads g = write_grads(sc, {b.ln1_w, b.ln1_b, b.qkv_b, b.proj_b, b.ln2_w, b.ln2_b, b.fc_b, b.fc_proj_b});
+    const bool fresh = g.fresh;
     // MLP: x_{l+1} = xmid + gelu(xn2 Wfc^T + bfc) Wp^T + bp
     kernels::gelu_kernel<C, C><<<grid(n * H4), 256, 0, stream()>>>(a.h, act_.data(), n * H4);  // act again
     check_launch();
@@ -485,6 +533,7 @@ private:
   std::string cudnn_why_;                   // why not, in auto
   std::size_t n_max_;
   double finished_ = 0;
+  std::size_t in_slot_ = 0;  // the input slot being read (upload, forward_backward_staged)
   dbuf<float> x_, stats_, lse_, xmid_, big_, dx_, dsmall_, dvec_, ln_partial_;
   dbuf<float> resid_db_;  // a fc_proj bias gradient, summed by the LayerNorm backward above it (ln_sums_bias)
   dbuf<C> qkv_, h_, xn1_, y_, xn2_, xf_, act_, big_c_, dx_c_, dy_c_, z_;

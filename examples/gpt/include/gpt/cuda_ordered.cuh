@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -81,15 +82,19 @@ __global__ void position_backward_kernel(const T* dx, float* gwpe, int B, int se
 
 //! The rows of n tokens grouped by token, stably (a counting sort on the
 //! host, which has the tokens before the device does): `ints` is
-//! [order (n) | starts (groups + 1) | keys (groups)], what grouped_rows reads
-//! (at most workspace::token_group_ints(n)).
+//! [order (n) | starts (cap + 1) | keys (cap)], what grouped_rows reads
+//! (at most workspace::token_group_ints(n)). The layout is the same for any
+//! tokens of n rows: cap = min(n, vocab) groups, those past the real ones
+//! empty (grouped_rows skips them), so a step graph that
+//! captured backward() replays it on the next micro-batch's groups.
 struct token_groups {
   std::vector<int> ints;
-  int groups = 0;
-  std::size_t n = 0;
+  int groups = 0;  // the real groups (distinct tokens)
+  std::size_t n = 0, cap = 0;
 
   void build(const std::uint16_t* tok, std::size_t rows, int vocab) {
     n = rows;
+    cap = std::min(n, std::size_t(vocab));
     count_.assign(std::size_t(vocab) + 1, 0);
     for (std::size_t i = 0; i < n; ++i) {
       TESSERA_CHECK(tok[i] < vocab, "token_groups: token ", tok[i], " past the vocabulary of ", vocab);
@@ -97,23 +102,24 @@ struct token_groups {
     }
     groups = 0;
     for (std::size_t v = 0; v < std::size_t(vocab); ++v) groups += count_[v + 1] > 0;
-    ints.assign(2 * n + 2 * std::size_t(groups) + 1, 0);
+    ints.assign(n + 2 * cap + 1, 0);
     int* order = ints.data();
     int* starts = order + n;
-    int* keys = starts + groups + 1;
-    int g = 0;
+    int* keys = starts + cap + 1;
+    std::size_t g = 0;
     for (std::size_t v = 0; v < std::size_t(vocab); ++v) {
       const int c = count_[v + 1];
       count_[v + 1] += count_[v];  // count_[v]: where token v's rows start
       if (c > 0) starts[g] = count_[v], keys[g] = int(v), ++g;
     }
-    starts[groups] = int(n);
+    for (; g < cap; ++g) starts[g] = int(n), keys[g] = 0;  // empty
+    starts[cap] = int(n);
     for (std::size_t i = 0; i < n; ++i) order[count_[tok[i]]++] = int(i);  // increasing i within a token
   }
   //! gwte[token] += its rows of dx (rows of D), with `dev` a device copy of ints.
   template <class T>
   void backward(const T* dx, const int* dev, float* gwte, int D, cudaStream_t s) const {
-    trainer_kit::grouped_rows(dx, dev, dev + n, dev + n + std::size_t(groups) + 1, groups, D, gwte, false, s);
+    trainer_kit::grouped_rows(dx, dev, dev + n, dev + n + cap + 1, int(cap), D, gwte, false, s);
   }
 
 private:

@@ -35,6 +35,10 @@ struct net_options {
   //! (cuda_ordered.cuh; cuDNN's deterministic backward): the same bits on
   //! every run. The host net's sums are ordered already.
   bool deterministic = false;
+  //! The CUDA net: micro-batches whose tokens it holds at once (stage()),
+  //! so that a step graph's micro-batches each read their own (1: one at a
+  //! time). The host net ignores it.
+  int input_slots = 1;
 };
 
 //! Rows of logits the classifier holds at once: the fp32 logits of the whole

@@ -17,6 +17,7 @@ namespace trainer_kit {
 //! out[key(g), c] = (overwrite ? 0 : out[key(g), c]) + the sum over
 //! i in [starts[g], starts[g + 1]) of dX[order[i], c], for each group g of
 //! `groups`, key(g) = keys[g] (or g where keys is null); rows of e columns.
+//! Without overwrite, an empty group leaves its row as it is.
 //! Blocks of 32 columns x 8 row lanes, each lane taking every 8th row of the
 //! group, then the 8 lanes added in order: a fixed summation order.
 template <class C>
@@ -25,6 +26,10 @@ __global__ void grouped_rows_kernel(const C* dX, const int* order, const int* st
   const int c = int(blockIdx.x) * 32 + int(threadIdx.x);
   __shared__ float part[8][33];
   for (int g = int(blockIdx.y); g < groups; g += int(gridDim.y)) {
+    // Adding, an empty group writes nothing (the same g for the whole block,
+    // so the barriers below stay uniform): a caller may pad its groups to a
+    // fixed count, keyed to rows that real groups own. Overwriting, it writes 0.
+    if (!overwrite && starts[g] == starts[g + 1]) continue;
     float s = 0;
     if (c < e)
       for (int i = starts[g] + int(threadIdx.y); i < starts[g + 1]; i += 8)
