@@ -44,8 +44,9 @@
 #    tessera-bench-init: each init_param call's time against its draws alone (1.5B).
 #  - graphs: step graphs against eager steps bit for bit (--cuda-graphs on and off, --deterministic,
 #    one micro-batch: the dumped weights and the loss lines; bf16 on cuDNN, fp32 on the exact
-#    attention, and a bf16 run that validates and saves mid-way, which ends the graph twice);
-#    their speed is the ab part with TESSERA_GPT_AB_BASE_FLAGS="--cuda-graphs off".
+#    attention, and a bf16 run that validates and saves mid-way, which ends the graph twice); the
+#    graph's token slots in the memory count (124M, --accum 3: estimate = tessera-plan = peak; needs
+#    tessera-plan beside tessera-gpt in $bin); their speed is the ab part with TESSERA_GPT_AB_BASE_FLAGS="--cuda-graphs off".
 # TESSERA_GPT_PARTS="kernels curves torch hf init determinism graphs speed ab variants profile learn multi" picks parts.
 gpt_text=${TESSERA_GPT_TEXT:-}
 gpt_parts=${TESSERA_GPT_PARTS:-kernels curves torch hf speed}
@@ -218,6 +219,25 @@ else
         diff "$G/$name-on.loss" "$G/$name-off.loss" | head -8
       fi
     done
+    # The graph's token slots in the count: GPT-2 124M, batch 4, --accum 3, graphs on. The trainer's
+    # estimate must equal the planner's (tessera-plan --cuda-graphs on, plus cuDNN's attention
+    # workspace, which only the run knows) and the measured peak.
+    if [ -x "$bin/tessera-plan" ]; then
+      slot_flags="--model gpt2 --batch 4 --accum 3 --precision bf16"
+      timeout 300 "$bin/tessera-gpt" --backend cuda $slot_flags --cuda-graphs on --steps 4 --json --data "$gpt_text" --text \
+        >"$G/slots.json" 2>"$G/slots.err" &&
+        "$bin/tessera-plan" memory --gpus 1 --backend cuda $slot_flags --cuda-graphs on --json >"$G/slots-plan.json" 2>>"$G/slots.err"
+      if python3 - "$G/slots.json" "$G/slots-plan.json" <<'PY' 2>>"$G/slots.err" | tee -a "$OUT/summary.txt"; then :; else log "FAIL gpt graphs slots: $(tail -3 "$G/slots.err")"; status=1; fi
+import json, sys
+s = [json.loads(l) for l in open(sys.argv[1]) if '"summary"' in l][-1]
+p = json.load(open(sys.argv[2]))
+planned = p['total_bytes'] + s.get('attention_workspace_bytes', 0)
+ok = s['cuda_graphs'] and s['estimated_bytes'] == planned == s['peak_bytes']
+print(f"{'PASS' if ok else 'FAIL'} gpt graphs slots (124M, batch 4, --accum 3, graphs on): estimate {s['estimated_bytes']} B, "
+      f"planner + attention workspace {planned} B, peak {s['peak_bytes']} B")
+sys.exit(0 if ok else 1)
+PY
+    fi
   fi
   if [[ " $gpt_parts " == *" ab "* ]]; then
     base_bin=${TESSERA_GPU_BIN_BASE:-$bin}

@@ -143,14 +143,9 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
   // --cuda-graphs: each steady-state step one graph launch (tessera::step_graph,
   // which the CUDA net names); a step's micro-batches are staged before it.
   using Net_t = Net<Wrapper>;
-  constexpr bool graphable = requires { typename Net_t::template graph_runner<decltype(opt)>; };
-  const char* no_graph = !graphable                     ? "the host backend"
-                         : N > 1                        ? "several ranks"
-                         : o.deterministic && count > 1 ? "--deterministic with several micro-batches per rank"
-                                                        : nullptr;
-  if (o.cuda_graphs == "on" && no_graph)
-    throw tessera::error(std::string("--cuda-graphs on: step graphs do not run with ") + no_graph + " (use auto or off)");
-  const bool graphs = o.cuda_graphs != "off" && !no_graph;
+  constexpr bool graphable = trainer_kit::has_step_graph<Net_t, decltype(opt)>;
+  const auto graph_choice = trainer_kit::choose_step_graphs(o.cuda_graphs, graphable, N, o.deterministic, count);
+  const bool graphs = graph_choice.graphs;
   const net_options nopt{.recompute = o.recompute, .attention = o.attention, .deterministic = o.deterministic,
                          .input_slots = graphs ? count : 1};
   Net_t net(model, ids, shape, o.batch, nopt);
@@ -364,10 +359,7 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
                   "estimate %.2f MiB)\n",
                   final_loss, val_loss >= 0 ? (", validation loss " + std::to_string(val_loss)).c_str() : "", tps, N,
                   N == 1 ? "" : "s",
-                  runner.captured() ? (" (steps as one CUDA graph of " + std::to_string(runner.nodes()) +
-                                       " nodes after the first two)").c_str()
-                  : graphable && no_graph && o.cuda_graphs == "auto"  // asked for where they can run
-                      ? (std::string(" (no step graphs: ") + no_graph + ")").c_str() : "",
+                  graph_choice.note(runner).c_str(),
                   double(peak) / (1 << 20), double(est) / (1 << 20));
   }
   return 0;

@@ -159,15 +159,10 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
   const std::size_t n = std::size_t(hi - lo), n_alloc = std::max<std::size_t>(n, 1);
   // --cuda-graphs: the steady-state step as one graph launch (tessera::step_graph,
   // which the CUDA net names); every micro-batch of a step is staged before it.
-  constexpr bool graphable = requires { typename Net::template graph_runner<decltype(opt)>; };
-  const char* no_graph = N > 1                                ? "several ranks"
-                         : o.deterministic && count > 1       ? "--deterministic with several micro-batches per rank"
-                         : o.offload > 0                      ? "an offloaded optimizer"
-                         : !graphable                         ? "the host backend"
-                                                              : nullptr;
-  if (o.cuda_graphs == "on" && no_graph)
-    throw tessera::error(std::string("--cuda-graphs on: step graphs do not run with ") + no_graph + " (use auto or off)");
-  const bool graphs = o.cuda_graphs != "off" && !no_graph;
+  constexpr bool graphable = trainer_kit::has_step_graph<Net, decltype(opt)>;
+  const auto graph_choice = trainer_kit::choose_step_graphs(o.cuda_graphs, graphable, N, o.deterministic, count,
+                                                            o.offload > 0 ? "an offloaded optimizer" : nullptr);
+  const bool graphs = graph_choice.graphs;
   const net_options nopt{.recompute_gelu = o.recompute_gelu, .input_slots = graphs ? count : 1};
   Net net(model, ids, shape, n_alloc, nopt);
   // --deterministic: fused where cuBLASLt can, not by timing (two runs could time differently).
@@ -363,9 +358,8 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
     if (o.json) std::printf("%s\n", j.dump().c_str());
     else
       std::printf("done: final loss %.4f, %.0f tokens/s over %d rank%s (%.0f and %.2f TFLOP/s per rank; steps after "
-                  "the first%s), peak %.2f MiB per rank (library buffers; estimate %.2f MiB%s)%s\n",
+                  "the first), peak %.2f MiB per rank (library buffers; estimate %.2f MiB%s)%s%s\n",
                   final_loss, tps, N, N == 1 ? "" : "s", tps / N, shape.flops_per_token() * tps / N / 1e12,
-                  runner.captured() ? (", each after it one CUDA graph of " + std::to_string(runner.nodes()) + " nodes").c_str() : "",
                   double(peak[0]) / (1 << 20),
                   double(est.total()) / (1 << 20),
                   std::is_same_v<B, backend::host>
@@ -373,7 +367,8 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
                       : ("; the device's own count " + std::to_string(peak[1] >> 20) + " MiB").c_str(),
                   peak[2] ? (", offloaded " + mib(std::size_t(peak[2])) + " MiB in host memory (estimate " +
                              mib(est.offloaded) + " MiB)").c_str()
-                          : "");
+                          : "",
+                  graph_choice.note(runner).c_str());
   }
   return 0;
 }

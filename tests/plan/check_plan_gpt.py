@@ -90,6 +90,23 @@ for name, model_name, batch, s in measured:
     print(f'{"ok  " if ok else "FAIL"} {name}: planner {p["total_bytes"]} B against the measured peak '
           f'{peak} B ({rel:.3%})')
 
+# A step graph (--cuda-graphs auto or on; tessera-gpt's default is off) holds
+# every micro-batch's tokens and targets at once: --accum 3 at batch 4 adds two
+# slots of 2 x 4 x 1024 uint16 on one GPU, and nothing where graphs cannot run
+# (two ranks).
+def cuda_total(gpus, extra):  # plan() drops --accum (tessera-gpt's estimate at one micro-batch does not use it)
+    res = subprocess.run([planner, 'memory', '--gpus', str(gpus), '--json', '--model', 'gpt2', '--batch', '4',
+                          '--backend', 'cuda', '--accum', '3'] + extra, capture_output=True, text=True)
+    if res.returncode != 0:
+        sys.exit(f'tessera-plan --cuda-graphs {extra} exited {res.returncode}: {res.stderr}')
+    return json.loads(res.stdout)['total_bytes']
+for gpus, want in [(1, 2 * 2 * 4 * 1024 * 2), (2, 0)]:
+    off, default, on = cuda_total(gpus, ['--cuda-graphs', 'off']), cuda_total(gpus, []), cuda_total(gpus, ['--cuda-graphs', 'on'])
+    ok = default == off and on - off == want
+    fail += not ok
+    print(f'{"ok  " if ok else "FAIL"} --cuda-graphs on at --accum 3, {gpus} GPU(s): +{on - off} B (want +{want}), '
+          f'default {"= off" if default == off else "!= off"}')
+
 # The MLP's flags are refused under --model, and the GPT's without it.
 for flags, want in [(['--model', 'gpt2', '--recompute-gelu'], "tessera-gpt (--model) takes none of them"),
                     (['--batch', '4'], '--batch describes tessera-gpt\'s model; give --model too'),

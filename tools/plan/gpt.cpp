@@ -30,7 +30,12 @@ estimate gpt_estimate(const options& o, const gpt_model& g) {
     // The CUDA net runs flash attention in bf16 at head dimension 64 (on sm_80
     // or newer, which this count assumes).
     const bool flash = !std::is_same_v<C, float> && g.shape.head_dim() == 64;
-    e.act = cuda ? gpt::workspace::cuda_bytes<C>(g.shape, g.batch, g.recompute, flash, o.deterministic)
+    // A step graph (tessera-gpt's --cuda-graphs auto or on; off by default)
+    // stages each micro-batch of a step in its own input slot, on one GPU.
+    const int count = o.deterministic ? o.accum / o.gpus : o.accum;
+    const bool graphs = (o.cuda_graphs == "auto" || o.cuda_graphs == "on") && o.gpus == 1 && !(o.deterministic && count > 1);
+    const int slots = graphs ? count : 1;
+    e.act = cuda ? gpt::workspace::cuda_bytes<C>(g.shape, g.batch, g.recompute, flash, o.deterministic, slots)
                  : gpt::host_gpt<data_parallel_t<Cfg>>::workspace_bytes(g.shape, g.batch, {.recompute = g.recompute});
     e.blas = cuda ? gpt::workspace::cublaslt_bytes : 0;
     e.units = int(rec.units().size());

@@ -15,7 +15,7 @@
 // flops_per_token, activation_bytes_per_token}). CONFIG: --wrapper,
 // --strategy, --shard-group S --outer no_shard|optim, --precision, --wire,
 // --accum, --gather-buffers, --recompute-gelu, --lend-grad-shards,
-// --copy-engine-gathers, --offload-optimizer, --deterministic.
+// --copy-engine-gathers, --offload-optimizer, --deterministic, --cuda-graphs.
 //
 // Memory is the library's own plan (tessera/plan/memory.hpp, equal byte for
 // byte to what a run allocates) plus the trainer's activations: the total is
@@ -72,6 +72,10 @@ void add_config(CLI::App* a, options& o) {
   a->add_option("--backend", o.backend, "whose activations: cuda (the GPU trainer) or host")
       ->check(CLI::IsMember({"cuda", "host"}));
   a->add_flag("--deterministic", o.deterministic, "exact_reduction with fixed micro-batches (the trainer's --deterministic)");
+  a->add_option("--cuda-graphs", o.cuda_graphs,
+                "the trainer's --cuda-graphs (default: its own, auto in tessera-mlp-lm, off in tessera-gpt): a step "
+                "graph holds every micro-batch's tokens at once")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
   a->add_option("--micro-tokens", o.micro_tokens, "--deterministic: tokens per micro-batch")->check(CLI::Range(1L, 1L << 30));
 }
 

@@ -12,8 +12,8 @@
 // the same gradients at any world size.
 #include <cuda_runtime.h>
 
-#include <cstddef>
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 

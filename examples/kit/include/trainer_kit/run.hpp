@@ -175,11 +175,44 @@ struct eager_runner {
   [[nodiscard]] bool captured() const noexcept { return false; }
   [[nodiscard]] std::size_t nodes() const noexcept { return 0; }
 };
-// A step graph where the net offers one (cuda_mlp names tessera::step_graph), else eager steps.
+// Whether a net offers step graphs (the CUDA nets name tessera::step_graph as graph_runner).
+template <class Net, class Opt>
+inline constexpr bool has_step_graph = requires { typename Net::template graph_runner<Opt>; };
+
+// A step graph where the net offers one, else eager steps.
 template <class Net, class Opt>
 auto make_step_runner(Opt& opt, bool graphs) {
-  if constexpr (requires { typename Net::template graph_runner<Opt>; }) return typename Net::template graph_runner<Opt>(opt, graphs);
+  if constexpr (has_step_graph<Net, Opt>) return typename Net::template graph_runner<Opt>(opt, graphs);
   else return eager_runner<Opt>{opt};
+}
+
+// --cuda-graphs auto|on|off, decided once for both trainers. `refusal` is why
+// this run's step cannot be one graph (nullptr where it can): the reasons every
+// trainer shares first, then the trainer's own (`extra`, e.g. an offloaded
+// optimizer). "on" where it cannot is an error before anything is allocated;
+// auto falls back to eager steps and the done line says why.
+struct step_graph_choice {
+  bool graphs = false;
+  const char* refusal = nullptr;
+  bool asked = false;  // auto on a backend that has graphs: worth naming the refusal
+
+  // The done line's note: the graph's size where one ran, else the refusal where auto asked for one.
+  template <class Runner>
+  [[nodiscard]] std::string note(const Runner& runner) const {
+    if (runner.captured())
+      return " (steps as one CUDA graph of " + std::to_string(runner.nodes()) + " nodes after the first two)";
+    return refusal && asked ? std::string(" (no step graphs: ") + refusal + ")" : std::string();
+  }
+};
+inline step_graph_choice choose_step_graphs(const std::string& mode, bool graphable, int ranks, bool deterministic,
+                                            int micro_batches, const char* extra = nullptr) {
+  const char* refusal = !graphable                             ? "the host backend"
+                        : ranks > 1                            ? "several ranks"
+                        : deterministic && micro_batches > 1   ? "--deterministic with several micro-batches per rank"
+                                                               : extra;
+  if (mode == "on" && refusal)
+    throw tessera::error(std::string("--cuda-graphs on: step graphs do not run with ") + refusal + " (use auto or off)");
+  return {mode != "off" && !refusal, refusal, mode == "auto" && graphable};
 }
 
 }  // namespace trainer_kit

@@ -44,6 +44,7 @@ struct options {
   long micro_tokens = 0;  // --deterministic: tokens per fixed micro-batch
   double gpu_memory_gib = 0, offload = 0;
   std::string offload_update = "device";
+  std::string cuda_graphs;  // the trainer's --cuda-graphs; "": its default (tessera-mlp-lm auto, tessera-gpt off)
   std::vector<custom_unit> units;  // empty: the reference model
 };
 
@@ -149,10 +150,11 @@ estimate evaluate(const options& o, const tessera::plan::topology& topo) {
   n = std::max<std::size_t>(n, 1);
   e.tokens_per_rank = n;
   const bool cuda = o.backend == "cuda";
-  // The trainer's --cuda-graphs auto (its default) stages every micro-batch
-  // of a step at once on one GPU: an input slot each.
+  // A step graph (--cuda-graphs auto, the trainer's default) stages every
+  // micro-batch of a step at once on one GPU: an input slot each.
   const long count = o.deterministic ? o.tokens / std::max<long>(o.micro_tokens, 1) / o.gpus : o.accum;
-  const int slots = cuda && o.gpus == 1 && o.offload == 0 && !(o.deterministic && count > 1) ? int(count) : 1;
+  const int slots = cuda && o.cuda_graphs != "off" && o.gpus == 1 && o.offload == 0 && !(o.deterministic && count > 1)
+                        ? int(count) : 1;
   if (o.units.empty()) {
     e.act = cuda ? mlp_lm::workspace::cuda_bytes<typename Cfg::compute_type>(s, n, o.recompute_gelu, slots)
                  : mlp_lm::host_mlp<data_parallel_t<Cfg>>::workspace_bytes(s, n, {.recompute_gelu = o.recompute_gelu});
