@@ -42,7 +42,7 @@ CLASSES = [
     ("attention backward (flash, and its row dots)", r"flash::(backward_kernel|row_dot)|attention_backward"),
     ("attention forward (flash)", r"flash::forward_kernel|attention_forward"),
     ("LayerNorm backward", r"layernorm_backward"),
-    ("LayerNorm forward", r"layernorm_kernel"),
+    ("LayerNorm forward", r"layernorm_kernel|layernorm_rows_kernel"),  # the registers form (D up to 2048)
     ("cross-entropy (loss and gradient in place)", r"cross_entropy"),
     ("dtype conversions", r"convert_kernel"),
     ("residual adds", r"kernels::add_kernel"),
