@@ -172,8 +172,12 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
   std::size_t own_shards = 0;  // gradient shards too large for their unit's activations
   if constexpr (requires { net.lend_grad_shards(); })
     if (o.lend_grad_shards) own_shards = net.lend_grad_shards();
+  std::size_t widened = 0;  // the host net's fp32 copy of a bf16 unit
+  const auto padded_numel = [&](tessera::unit_id u) { return model.layout(u).padded_numel(); };
+  if constexpr (requires { Net::widened_floats(ids, padded_numel); })
+    widened = sizeof(float) * Net::widened_floats(ids, padded_numel);
   memory_estimate est{model.planned().total(), opt.state_bytes(),
-                      Net::workspace_bytes(shape, n_alloc, nopt) + own_shards, blas_workspace,
+                      Net::workspace_bytes(shape, n_alloc, nopt) + widened + own_shards, blas_workspace,
                       model.planned().host_main_weights + opt.offloaded_bytes()};
   {  // The busiest rank's, part by part (ranks differ by a decay-mask word or a token), as tessera-plan gives it.
     std::int64_t v[5] = {std::int64_t(est.model_state), std::int64_t(est.optimizer_state),

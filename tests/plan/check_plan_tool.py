@@ -4,7 +4,7 @@ over every wrapper, strategy, precision and a mesh, on 1-4 host ranks, the
 planner's total (computed without MPI, without allocating) equals the
 busiest rank's estimate that tessera-mlp-lm prints for the same flags after
 it has built the wrapper and optimizer, byte for byte, part by part where the
-trainer reports parts. Bad flags exit 2 with one tessera: line; a model that
+trainer reports parts, and so does the host run's library-counted peak. Bad flags exit 2 with one tessera: line; a model that
 does not fit --gpu-memory exits 3. tessera-mlp-lm --plan auto chooses what
 tessera-plan best --search trainer names, and trains with it.
 
@@ -56,9 +56,10 @@ for np_, flags in cases:
            'offloaded': p['offloaded_bytes']}
     want = {'total': s['estimated_bytes'], 'state': s['planned_model_state_bytes'],
             'offloaded': s['estimated_offloaded_bytes']}
-    ok = got == want
+    # ... and the host's library-counted peak is that estimate, byte for byte (bf16's widened unit included).
+    ok = got == want and s['peak_bytes'] == s['estimated_bytes']
     fail |= not ok
-    print(f"{'ok' if ok else 'FAIL'}: {np_} ranks {' '.join(flags)}: planner {got}, trainer {want}")
+    print(f"{'ok' if ok else 'FAIL'}: {np_} ranks {' '.join(flags)}: planner {got}, trainer {want}, peak {s['peak_bytes']}")
 
 def expect(args, code, text):
     global fail

@@ -20,10 +20,11 @@ estimate gpt_estimate(const options& o, const gpt_model& g) {
   const auto f = [&]<class Cfg>() {
     estimate e;
     plan::model_recorder rec;
-    (void)gpt::register_model(rec, g.shape);
+    const gpt::model_ids ids = gpt::register_model(rec, g.shape);
     // tessera-gpt's wrapper: three gather buffers (the embed unit, held for a
     // whole micro-batch, and two for the blocks).
-    e.m = plan::memory<Cfg, adamw>(rec.units(), S, wrapper_options{.gather_buffers = 3}, R, optimizer_options{});
+    const wrapper_options wo{.gather_buffers = 3};
+    e.m = plan::memory<Cfg, adamw>(rec.units(), S, wo, R, optimizer_options{});
     e.params = g.shape.params();
     e.tokens_per_rank = std::size_t(g.batch) * std::size_t(g.shape.seq);
     using C = typename Cfg::compute_type;
@@ -35,8 +36,12 @@ estimate gpt_estimate(const options& o, const gpt_model& g) {
     const int count = o.deterministic ? o.accum / o.gpus : o.accum;
     const bool graphs = (o.cuda_graphs == "auto" || o.cuda_graphs == "on") && o.gpus == 1 && !(o.deterministic && count > 1);
     const int slots = graphs ? count : 1;
+    using host_net = gpt::host_gpt<data_parallel_t<Cfg>>;
+    const auto ls = plan::layouts<Cfg>(rec.units(), S, wo, R);
+    const auto padded_numel = [&](unit_id u) { return ls[std::size_t(u.index)].padded_numel(); };
     e.act = cuda ? gpt::workspace::cuda_bytes<C>(g.shape, g.batch, g.recompute, flash, o.deterministic, slots)
-                 : gpt::host_gpt<data_parallel_t<Cfg>>::workspace_bytes(g.shape, g.batch, {.recompute = g.recompute});
+                 : host_net::workspace_bytes(g.shape, g.batch, {.recompute = g.recompute}) +
+                       sizeof(float) * host_net::widened_floats(ids, padded_numel);
     e.blas = cuda ? gpt::workspace::cublaslt_bytes : 0;
     e.units = int(rec.units().size());
     return e;

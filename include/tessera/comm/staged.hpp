@@ -45,6 +45,8 @@ void all_gather_host(C& c, std::span<const T> local, std::span<T> full) {
   using B = typename C::backend_type;
   if constexpr (std::is_same_v<B, backend::host>) {
     c.all_gather(local.data(), full.data(), local.size(), dtype_of_v<T>);
+  } else if (c.size() == 1) {  // nothing to send: no device staging (a whole unit's, under gather_main)
+    std::copy(local.begin(), local.end(), full.begin());
   } else {
     using ops = backend_ops<B>;
     typename ops::template buffer<T> d_local(local.size()), d_full(full.size());

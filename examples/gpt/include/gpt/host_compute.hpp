@@ -70,10 +70,9 @@ public:
         logits_(classifier_rows * std::size_t(s.vocab)), scratch_(std::size_t(s.seq)),
         inputs_(n_max_), targets_(n_max_) {
     if constexpr (!std::is_same_v<C, float>) {
-      wide_embed_ = buf<float>(m.layout(ids.embed).padded_numel());
-      std::size_t widest = 0;
-      for (const auto& b : ids.blocks) widest = std::max(widest, m.layout(b.unit).padded_numel());
-      wide_block_ = buf<float>(widest);
+      const auto numel = [&](tessera::unit_id u) { return m.layout(u).padded_numel(); };
+      wide_embed_ = buf<float>(numel(ids.embed));
+      wide_block_ = buf<float>(widened_floats(ids, numel) - numel(ids.embed));
     }
   }
 
@@ -81,7 +80,19 @@ public:
   [[nodiscard]] std::size_t runtime_workspace_bytes() const { return 0; }
   //! The host backend's BLAS holds no workspace of the library's.
   [[nodiscard]] static constexpr std::size_t blas_workspace_bytes() { return 0; }
-  //! Host bytes this class holds, for the memory estimate.
+  //! Floats of the fp32 copies bf16 compute weights are widened into: the
+  //! embed unit's (held for a whole micro-batch) and the widest block's (one
+  //! block at a time); 0 in fp32. `padded_numel` maps a unit_id to its
+  //! layout's: the wrapper's in the trainer, the plan's in tessera-plan, so
+  //! both count what the constructor allocates.
+  template <class F>
+  [[nodiscard]] static std::size_t widened_floats(const model_ids& ids, F&& padded_numel) {
+    if constexpr (std::is_same_v<C, float>) return 0;
+    std::size_t widest = 0;
+    for (const auto& b : ids.blocks) widest = std::max(widest, padded_numel(b.unit));
+    return padded_numel(ids.embed) + widest;
+  }
+  //! Host bytes this class holds apart from widened_floats, for the memory estimate.
   [[nodiscard]] static std::size_t workspace_bytes(const model_shape& s, int batch, net_options o = {}) {
     const std::size_t n = std::size_t(batch) * std::size_t(s.seq), D = std::size_t(s.d);
     return sizeof(float) * ((std::size_t(s.layers) + 1) * n * D + std::size_t(o.recompute ? 1 : s.layers) * n * block_floats(s) +
@@ -123,7 +134,7 @@ public:
     // ---- embeddings: the token table's second use, then the unit's one reduction ----
     auto g_wpe = se.grad(ids_.wpe);
     for (std::size_t i = 0; i < n; ++i) {
-      float* rt = g_wte.data() + std::size_t(inputs_[i]) * D;
+      float* rt = g_wte.data() + std::size_t(inputs_.data()[i]) * D;
       float* rp = g_wpe.data() + (i % T) * D;
       const float* g = dx_.data() + i * D;
       for (std::size_t c = 0; c < D; ++c) rt[c] += g[c], rp[c] += g[c];
@@ -150,7 +161,7 @@ public:
   std::vector<float> next_logits(const std::uint16_t* tokens, int len) {
     TESSERA_CHECK(len >= 1 && len <= s_.seq, "a prompt of ", len, " tokens for a context of ", s_.seq);
     const std::size_t T = std::size_t(len), V = std::size_t(s_.vocab);
-    std::copy_n(tokens, T, inputs_.begin());
+    std::copy_n(tokens, T, inputs_.data());
     auto se = m_.gather(ids_.embed);
     const float* E = widen(se.weights(), wide_embed_);
     forward_blocks(E, 1, T);
@@ -198,7 +209,7 @@ private:
     const float *wte = E + m_.slot(ids_.wte).offset, *wpe = E + m_.slot(ids_.wpe).offset;
     float* X0 = x_.data();
     for (std::size_t i = 0; i < n; ++i)
-      for (std::size_t c = 0; c < D; ++c) X0[i * D + c] = wte[std::size_t(inputs_[i]) * D + c] + wpe[(i % T) * D + c];
+      for (std::size_t c = 0; c < D; ++c) X0[i * D + c] = wte[std::size_t(inputs_.data()[i]) * D + c] + wpe[(i % T) * D + c];
     for (int l = 0; l < s_.layers; ++l) {
       const auto& b = ids_.blocks[std::size_t(l)];
       auto sc = m_.gather(b.unit);
@@ -299,7 +310,7 @@ private:
   std::size_t n_max_;
   double loss_ = 0, finished_ = 0;
   buf<float> x_, act_, xf_, lnf_stats_, dx_, dbig_, dsmall_, logits_, scratch_, wide_embed_, wide_block_;
-  std::vector<std::uint16_t> inputs_, targets_;
+  buf<std::uint16_t> inputs_, targets_;  // library-counted like the rest: the estimate counts them
 };
 
 }  // namespace gpt

@@ -38,9 +38,8 @@ public:
         h_(std::size_t(s.layers) * max_tokens * std::size_t(s.hidden())),
         a_(max_tokens * std::size_t(s.hidden())), da_(max_tokens * std::size_t(s.hidden())),
         dx_(max_tokens * std::size_t(s.d)), logits_(max_tokens * vocab) {
-    std::size_t widest = 0;
-    for (std::size_t u = 0; u < m.num_units(); ++u) widest = std::max(widest, m.layout(tessera::unit_id{int(u)}).padded_numel());
-    if constexpr (!std::is_same_v<C, float>) wide_ = buf<float>(widest);
+    if constexpr (!std::is_same_v<C, float>)
+      wide_ = buf<float>(widened_floats(ids, [&](tessera::unit_id u) { return m.layout(u).padded_numel(); }));
   }
 
   [[nodiscard]] static constexpr bool fused() noexcept { return false; }
@@ -50,7 +49,18 @@ public:
   //! Host bytes this class holds (activations and scratch), for the memory estimate.
   [[nodiscard]] static std::size_t workspace_bytes(const model_shape& s, std::size_t n, net_options = {}) {
     const std::size_t D = std::size_t(s.d), H = std::size_t(s.hidden()), L = std::size_t(s.layers);
-    return sizeof(float) * ((L + 1) * n * D + L * n * H + 2 * n * H + n * D + n * vocab);  // + widened unit (bf16)
+    return sizeof(float) * ((L + 1) * n * D + L * n * H + 2 * n * H + n * D + n * vocab);
+  }
+  //! Floats of the fp32 copy bf16 compute weights are widened into, one unit
+  //! at a time: the widest unit's padded numel (0 in fp32). `padded_numel`
+  //! maps a unit_id to its layout's: the wrapper's in the trainer, the plan's
+  //! in tessera-plan, so both count what the constructor allocates.
+  template <class F>
+  [[nodiscard]] static std::size_t widened_floats(const model_ids& ids, F&& padded_numel) {
+    if constexpr (std::is_same_v<C, float>) return 0;
+    std::size_t w = std::max(padded_numel(ids.embed), padded_numel(ids.head));
+    for (const auto& b : ids.blocks) w = std::max(w, padded_numel(b.unit));
+    return w;
   }
 
   //! One micro-batch: forward, loss, backward with gradients accumulated into the

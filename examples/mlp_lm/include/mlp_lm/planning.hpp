@@ -126,8 +126,9 @@ estimate evaluate(const options& o, const tessera::plan::topology& topo) {
   estimate e;
   plan::model_recorder rec;
   const mlp_lm::model_shape s{o.layers, o.d, o.ctx};
+  std::optional<mlp_lm::model_ids> ids;
   if (o.units.empty()) {
-    (void)mlp_lm::register_model(rec, s);
+    ids = mlp_lm::register_model(rec, s);
     e.params = s.params();
   } else {
     for (const auto& u : o.units) (void)rec.add_param(rec.add_unit(u.name), "weight", shape({std::int64_t(u.params)}));
@@ -155,16 +156,19 @@ estimate evaluate(const options& o, const tessera::plan::topology& topo) {
   const long count = o.deterministic ? o.tokens / std::max<long>(o.micro_tokens, 1) / o.gpus : o.accum;
   const int slots = cuda && o.cuda_graphs != "off" && o.gpus == 1 && o.offload == 0 && !(o.deterministic && count > 1)
                         ? int(count) : 1;
+  const auto ls = plan::layouts<Cfg>(rec.units(), S, wo, R);
   if (o.units.empty()) {
+    using host_net = mlp_lm::host_mlp<data_parallel_t<Cfg>>;
+    const auto padded_numel = [&](unit_id u) { return ls[std::size_t(u.index)].padded_numel(); };
     e.act = cuda ? mlp_lm::workspace::cuda_bytes<typename Cfg::compute_type>(s, n, o.recompute_gelu, slots)
-                 : mlp_lm::host_mlp<data_parallel_t<Cfg>>::workspace_bytes(s, n, {.recompute_gelu = o.recompute_gelu});
+                 : host_net::workspace_bytes(s, n, {.recompute_gelu = o.recompute_gelu}) +
+                       sizeof(float) * host_net::widened_floats(*ids, padded_numel);
   } else {
     double b = 0;
     for (const auto& u : o.units) b += u.activation_bytes_per_token * double(n);
     e.act = std::size_t(b);
   }
   e.blas = cuda ? mlp_lm::workspace::cublaslt_bytes : 0;
-  const auto ls = plan::layouts<Cfg>(rec.units(), S, wo, R);
   // Lent gradient shards (the CUDA trainer's cuda_mlp::lend_grad_shards): each
   // unit's shard lives in its own activations (a block's arena region, the
   // head's logits, the embedding's output); a unit whose region is smaller
