@@ -20,6 +20,7 @@
 #include "tessera/tessera.hpp"
 #include "trainer_kit/configs.hpp"
 #include "trainer_kit/mesh.hpp"
+#include "trainer_kit/host_math.hpp"
 #include "trainer_kit/run.hpp"
 
 namespace gpt {
@@ -191,10 +192,8 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
   };
 
   // The busiest rank's (shards of sizes that do not divide differ by rank): what tessera-plan memory reports.
-  std::size_t widened = 0;  // the host net's fp32 copies of bf16 units
-  const auto padded_numel = [&](tessera::unit_id u) { return model.layout(u).padded_numel(); };
-  if constexpr (requires { Net<Wrapper>::widened_floats(ids, padded_numel); })
-    widened = sizeof(float) * Net<Wrapper>::widened_floats(ids, padded_numel);
+  const std::size_t widened =  // the host net's fp32 copies of bf16 units
+      trainer_kit::widened_bytes<Net<Wrapper>>(ids, [&](tessera::unit_id u) { return model.layout(u).padded_numel(); });
   std::size_t est = model.planned().total() + opt.state_bytes() + Net<Wrapper>::workspace_bytes(shape, o.batch, nopt) +
                     widened + Net<Wrapper>::blas_workspace_bytes() + net.runtime_workspace_bytes();
   {

@@ -25,6 +25,7 @@
 #include "mlp_lm/model.hpp"
 #include "options.hpp"
 #include "trainer_kit/mesh.hpp"
+#include "trainer_kit/host_math.hpp"
 #include "trainer_kit/run.hpp"
 #include "tessera/checkpoint/checkpoint.hpp"
 #include "tessera/checkpoint/consolidate.hpp"
@@ -172,10 +173,8 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
   std::size_t own_shards = 0;  // gradient shards too large for their unit's activations
   if constexpr (requires { net.lend_grad_shards(); })
     if (o.lend_grad_shards) own_shards = net.lend_grad_shards();
-  std::size_t widened = 0;  // the host net's fp32 copy of a bf16 unit
-  const auto padded_numel = [&](tessera::unit_id u) { return model.layout(u).padded_numel(); };
-  if constexpr (requires { Net::widened_floats(ids, padded_numel); })
-    widened = sizeof(float) * Net::widened_floats(ids, padded_numel);
+  const std::size_t widened =  // the host net's fp32 copies of bf16 units
+      trainer_kit::widened_bytes<Net>(ids, [&](tessera::unit_id u) { return model.layout(u).padded_numel(); });
   memory_estimate est{model.planned().total(), opt.state_bytes(),
                       Net::workspace_bytes(shape, n_alloc, nopt) + widened + own_shards, blas_workspace,
                       model.planned().host_main_weights + opt.offloaded_bytes()};

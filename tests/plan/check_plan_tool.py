@@ -4,8 +4,9 @@ over every wrapper, strategy, precision and a mesh, on 1-4 host ranks, the
 planner's total (computed without MPI, without allocating) equals the
 busiest rank's estimate that tessera-mlp-lm prints for the same flags after
 it has built the wrapper and optimizer, byte for byte, part by part where the
-trainer reports parts, and so does the host run's library-counted peak. Bad flags exit 2 with one tessera: line; a model that
-does not fit --gpu-memory exits 3. tessera-mlp-lm --plan auto chooses what
+trainer reports parts, and so does the host run's library-counted peak. Bad
+flags exit 2 with one tessera: line; a model that does not fit --gpu-memory
+exits 3. tessera-mlp-lm --plan auto chooses what
 tessera-plan best --search trainer names, and trains with it.
 
 usage: check_plan_tool.py MPIEXEC TRAINER PLANNER"""

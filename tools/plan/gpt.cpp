@@ -7,6 +7,7 @@
 #include "gpt/host_compute.hpp"
 #include "gpt/workspace.hpp"
 #include "trainer_kit/configs.hpp"
+#include "trainer_kit/host_math.hpp"
 
 namespace plan_cli {
 
@@ -41,7 +42,7 @@ estimate gpt_estimate(const options& o, const gpt_model& g) {
     const auto padded_numel = [&](unit_id u) { return ls[std::size_t(u.index)].padded_numel(); };
     e.act = cuda ? gpt::workspace::cuda_bytes<C>(g.shape, g.batch, g.recompute, flash, o.deterministic, slots)
                  : host_net::workspace_bytes(g.shape, g.batch, {.recompute = g.recompute}) +
-                       sizeof(float) * host_net::widened_floats(ids, padded_numel);
+                       trainer_kit::widened_bytes<host_net>(ids, padded_numel);
     e.blas = cuda ? gpt::workspace::cublaslt_bytes : 0;
     e.units = int(rec.units().size());
     return e;

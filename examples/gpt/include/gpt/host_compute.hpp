@@ -72,7 +72,7 @@ public:
     if constexpr (!std::is_same_v<C, float>) {
       const auto numel = [&](tessera::unit_id u) { return m.layout(u).padded_numel(); };
       wide_embed_ = buf<float>(numel(ids.embed));
-      wide_block_ = buf<float>(widened_floats(ids, numel) - numel(ids.embed));
+      wide_block_ = buf<float>(widest_block(ids, numel));
     }
   }
 
@@ -88,9 +88,7 @@ public:
   template <class F>
   [[nodiscard]] static std::size_t widened_floats(const model_ids& ids, F&& padded_numel) {
     if constexpr (std::is_same_v<C, float>) return 0;
-    std::size_t widest = 0;
-    for (const auto& b : ids.blocks) widest = std::max(widest, padded_numel(b.unit));
-    return padded_numel(ids.embed) + widest;
+    return padded_numel(ids.embed) + widest_block(ids, padded_numel);
   }
   //! Host bytes this class holds apart from widened_floats, for the memory estimate.
   [[nodiscard]] static std::size_t workspace_bytes(const model_shape& s, int batch, net_options o = {}) {
@@ -301,6 +299,12 @@ private:
     }
   }
 
+  template <class F>
+  static std::size_t widest_block(const model_ids& ids, F&& padded_numel) {
+    std::size_t widest = 0;
+    for (const auto& b : ids.blocks) widest = std::max(widest, padded_numel(b.unit));
+    return widest;
+  }
   static const float* widen(std::span<const C> w, buf<float>& wide) { return trainer_kit::widen(w, wide.data()); }
 
   Wrapper& m_;

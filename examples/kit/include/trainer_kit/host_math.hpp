@@ -1,6 +1,7 @@
 #pragma once
 // What the reference models' nets share: the tanh GELU and its derivative
-// (host and device), and an fp32 view of a unit's compute weights.
+// (host and device), an fp32 view of a unit's compute weights, and the count of
+// the buffers that view needs.
 #include <cmath>
 #include <cstddef>
 #include <span>
@@ -29,6 +30,18 @@ const float* widen(std::span<const C> w, float* wide) {
     for (std::size_t i = 0; i < w.size(); ++i) wide[i] = float(w[i]);
     return wide;
   }
+}
+
+//! Bytes of the fp32 buffers a net widens bf16 units into (a host net's
+//! Net::widened_floats; 0 for a net that has none, as the CUDA nets). The
+//! trainers pass the wrapper's layouts as `padded_numel` (unit_id -> padded
+//! numel), tessera-plan the plan's: both count what the net allocates.
+template <class Net, class Ids, class F>
+std::size_t widened_bytes(const Ids& ids, F&& padded_numel) {
+  if constexpr (requires { Net::widened_floats(ids, padded_numel); })
+    return sizeof(float) * Net::widened_floats(ids, padded_numel);
+  else
+    return 0;
 }
 
 }  // namespace trainer_kit

@@ -38,8 +38,7 @@ public:
         h_(std::size_t(s.layers) * max_tokens * std::size_t(s.hidden())),
         a_(max_tokens * std::size_t(s.hidden())), da_(max_tokens * std::size_t(s.hidden())),
         dx_(max_tokens * std::size_t(s.d)), logits_(max_tokens * vocab) {
-    if constexpr (!std::is_same_v<C, float>)
-      wide_ = buf<float>(widened_floats(ids, [&](tessera::unit_id u) { return m.layout(u).padded_numel(); }));
+    wide_ = buf<float>(widened_floats(ids, [&](tessera::unit_id u) { return m.layout(u).padded_numel(); }));  // none in fp32
   }
 
   [[nodiscard]] static constexpr bool fused() noexcept { return false; }

@@ -162,7 +162,7 @@ estimate evaluate(const options& o, const tessera::plan::topology& topo) {
     const auto padded_numel = [&](unit_id u) { return ls[std::size_t(u.index)].padded_numel(); };
     e.act = cuda ? mlp_lm::workspace::cuda_bytes<typename Cfg::compute_type>(s, n, o.recompute_gelu, slots)
                  : host_net::workspace_bytes(s, n, {.recompute_gelu = o.recompute_gelu}) +
-                       sizeof(float) * host_net::widened_floats(*ids, padded_numel);
+                       trainer_kit::widened_bytes<host_net>(*ids, padded_numel);
   } else {
     double b = 0;
     for (const auto& u : o.units) b += u.activation_bytes_per_token * double(n);
