@@ -37,7 +37,8 @@
 #  - ab: $TESSERA_GPU_BIN_BASE/tessera-gpt (a build to compare against; default this one) and
 #    this build's, alternating, $TESSERA_GPT_AB_PAIRS pairs (2) at each $TESSERA_GPT_SIZES, the base
 #    side under the environment $TESSERA_GPT_AB_BASE_ENV (e.g. TESSERA_MATMUL_CANDIDATES=1) and
-#    with the flags $TESSERA_GPT_AB_BASE_FLAGS (e.g. --cuda-graphs off): each
+#    with the flags $TESSERA_GPT_AB_BASE_FLAGS (e.g. --cuda-graphs off), the new side with
+#    $TESSERA_GPT_AB_NEW_FLAGS (e.g. --keep-gelu: a flag against the same build): each
 #    side's median tokens/s, their ratio, and both sides' first and last losses (the same
 #    arithmetic should give nearly the same);
 #  - init: initial weights drawn on the device equal at 1, 2 and 3 ranks, and the host's;
@@ -246,6 +247,7 @@ PY
       for i in $(seq 1 "${TESSERA_GPT_AB_PAIRS:-2}"); do
         for side in base new; do
           exe=$bin/tessera-gpt envs=() flags=()
+          [ $side = new ] && read -r -a flags <<<"${TESSERA_GPT_AB_NEW_FLAGS:-}"
           [ $side = base ] && { exe=$base_bin/tessera-gpt; read -r -a envs <<<"${TESSERA_GPT_AB_BASE_ENV:-}";
                                 read -r -a flags <<<"${TESSERA_GPT_AB_BASE_FLAGS:-}"; }
           timeout 300 env "${envs[@]}" "$exe" --backend cuda --model $model --precision bf16 --batch $b --steps 14 \

@@ -36,6 +36,7 @@ struct options {
   std::string data, val_data, save, load, dump_weights;
   int save_every = 0, keep = 0;
   bool json = false, recompute = false, text = false;
+  bool keep_gelu = false;  // net_options::keep_gelu
   // --deterministic: exact_reduction; --accum then counts the global batch's
   // micro-batches of --batch sequences, rank r running r, r + N, ...
   bool deterministic = false;
@@ -96,6 +97,10 @@ inline int parse(int argc, char** argv, options& o) {
                  "every kernel issued one by one")
       ->check(CLI::IsMember({"auto", "on", "off"}));
   app.add_flag("--recompute", o.recompute, "keep each block's input only; recompute the block in backward (less memory)");
+  app.add_flag("--keep-gelu", o.keep_gelu,
+               "--backend cuda: keep every block's GELU output for backward instead of recomputing it there (one "
+               "element-wise pass a block less; batch x seq x 4 d more bytes of the compute type a block). Nothing "
+               "to keep with --recompute, whose forward in backward makes it anyway");
   app.add_option("--log-every", o.log_every, "log every N steps")->check(CLI::Range(1, 1 << 30));
   app.add_option("--save", o.save, "write a checkpoint under this directory at the end (and every --save-every steps)");
   app.add_option("--save-every", o.save_every, "also checkpoint every N steps")->check(CLI::NonNegativeNumber);
@@ -133,6 +138,7 @@ inline int parse(int argc, char** argv, options& o) {
     return bad(e);
   if (o.attention != "auto" && o.backend != "cuda") return bad("--attention chooses the CUDA net's kernels; give --backend cuda");
   if (o.cuda_graphs == "on" && o.backend != "cuda") return bad("--cuda-graphs on needs --backend cuda");
+  if (o.keep_gelu && o.backend != "cuda") return bad("--keep-gelu keeps the CUDA net's GELU outputs; give --backend cuda");
   if (o.deterministic && o.backend == "cuda" && !workspace::layernorm_ordered_fits(o.shape.d))
     return bad(workspace::layernorm_ordered_refusal(o.shape.d));
   if (!tessera::wrapper_supports(o.wrapper, o.strategy))
@@ -150,7 +156,8 @@ inline std::string describe(const options& o) {
   put("accum", o.accum), put("steps", o.steps), put("lr", o.lr), put("min-lr", o.min_lr), put("warmup", o.warmup);
   put("clip", o.clip), put("weight-decay", o.weight_decay), put("seed", o.seed), put("data", o.data);
   put("text", o.text), put("val-data", o.val_data), put("val-every", o.val_every), put("val-batches", o.val_batches);
-  put("recompute", o.recompute), put("log-every", o.log_every), put("save", o.save), put("save-every", o.save_every);
+  put("recompute", o.recompute), put("keep-gelu", o.keep_gelu), put("log-every", o.log_every), put("save", o.save);
+  put("save-every", o.save_every);
   put("keep", o.keep), put("load", o.load), put("dump-weights", o.dump_weights), put("sample", o.sample);
   put("json", o.json), put("timeout", o.timeout), put("order-check", o.order_check);
   put("shard-group", o.shard_group), put("outer", o.outer), put("deterministic", o.deterministic);

@@ -148,7 +148,7 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
   const auto graph_choice = trainer_kit::choose_step_graphs(o.cuda_graphs, graphable, N, o.deterministic, count);
   const bool graphs = graph_choice.graphs;
   const net_options nopt{.recompute = o.recompute, .attention = o.attention, .deterministic = o.deterministic,
-                         .input_slots = graphs ? count : 1};
+                         .input_slots = graphs ? count : 1, .keep_gelu = o.keep_gelu};
   Net_t net(model, ids, shape, o.batch, nopt);
   auto runner = trainer_kit::make_step_runner<Net_t>(opt, graphs);
   const std::size_t row = std::size_t(shape.seq) + 1;
@@ -204,7 +204,7 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
   if (talk && !o.json)
     std::printf("tessera-gpt: backend %s, %s / %s / %s%s, %d rank%s%s, %zu parameters (%d layers, %d heads, d %d, seq %d, "
                 "vocab %d padded to %d), %.0f tokens per step, data %zu file%s of %zu tokens, weights initialised in "
-                "%.2f s, attention %s, estimated memory %s MiB on the busiest rank\n",
+                "%.2f s, attention %s%s, estimated memory %s MiB on the busiest rank\n",
                 Net<Wrapper>::backend_name, std::string(Cfg::wrapper::name).c_str(), std::string(Cfg::strategy::name).c_str(),
                 o.precision.c_str(), o.deterministic ? " (deterministic)" : "", N, N == 1 ? "" : "s",
                 m ? (" (mesh " + std::to_string(model.replicas()) + " x " + std::to_string(model.world()) + ", outer " +
@@ -212,7 +212,8 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
                   : "",
                 shape.params(), shape.layers, shape.heads, shape.d, shape.seq,
                 shape.vocab, shape.padded_vocab(), global_tokens, data.files(), data.files() == 1 ? "" : "s",
-                data.tokens(), init_s, std::string(net.attention_name()).c_str(), trainer_kit::mib(est).c_str());
+                data.tokens(), init_s, std::string(net.attention_name()).c_str(),
+                o.keep_gelu && !o.recompute ? ", GELU outputs kept for backward" : "", trainer_kit::mib(est).c_str());
 
   using clock = std::chrono::steady_clock;
   double final_loss = 0, val_loss = -1, total_s = 0;
@@ -351,6 +352,7 @@ int train(const options& o_in, tessera::comm::mpi& world, Comm& comm, tessera::c
                      {"tflops", shape.flops_per_token() * tps / 1e12}, {"peak_bytes", peak}, {"estimated_bytes", est},
                      {"attention_workspace_bytes", net.runtime_workspace_bytes()},
                      {"init_s", init_s}, {"attention", net.attention_name()}, {"deterministic", o.deterministic},
+                     {"recompute", o.recompute}, {"keep_gelu", o.keep_gelu},
                      {"shard_group", model.world()}, {"replicas", model.replicas()}, {"outer", Cfg::outer_type::name},
                      {"products", net.products_used()}, {"cuda_graphs", runner.captured()},
                      {"graph_nodes", runner.nodes()}};

@@ -168,6 +168,7 @@ cases = [
     (['--attention', 'flash'], '--attention chooses the CUDA net'),
     (['--cuda-graphs', 'on'], '--cuda-graphs on needs --backend cuda'),
     (['--cuda-graphs', 'maybe'], '--cuda-graphs'),
+    (['--keep-gelu'], '--keep-gelu keeps the CUDA net'),
     (['--backend', 'cuda', '--deterministic', '--heads', '2', '--d', '30'], 'multiple of 4 up to 2048, not 30'),
     (['--outer', 'optim'], '--outer optim needs a mesh'),
     (['--shard-group', 'two'], '--shard-group two is not a positive number'),

@@ -26,11 +26,15 @@ check "fp32: GPU 2 ranks fsdp/optim_grads_params = host no_shard" \
   $curves 1e-4 1 "$host --precision fp32" 2 "--backend cuda --precision fp32 --batch 2" $model
 check "fp32: GPU 2 ranks fsdp2 --recompute = host no_shard" \
   $curves 1e-4 1 "$host --precision fp32" 2 "--backend cuda --precision fp32 --batch 2 --wrapper fsdp2 --recompute" $model
+check "fp32: GPU --keep-gelu = host no_shard (the forward's GELU outputs, the same bits as recomputed ones)" \
+  $curves 1e-4 1 "$host --precision fp32" 1 "--backend cuda --precision fp32 --batch 4 --keep-gelu" $model
 check "fp32: GPU 4 ranks ddp/optim_grads = host no_shard" \
   $curves 1e-4 1 "$host --precision fp32" 4 "--backend cuda --precision fp32 --batch 1 --wrapper ddp --strategy optim_grads" $model
 check "bf16: GPU 2 ranks fsdp/optim_grads_params = GPU one rank no_shard" \
   $curves 2e-2 1 "--backend cuda --wrapper ddp --strategy no_shard --batch 4 --precision bf16" \
   2 "--backend cuda --precision bf16 --batch 2" $model
+check "bf16: GPU --keep-gelu = GPU recomputing them (the epilogue's GELU of fp32 sums against GELU of the bf16 input)" \
+  $curves 2e-2 1 "--backend cuda --precision bf16 --batch 4" 1 "--backend cuda --precision bf16 --batch 4 --keep-gelu" $model
 check "bf16: GPU = host (bf16 weights; the GPU's activations bf16 too)" \
   $curves 3e-2 1 "$host --precision bf16" 1 "--backend cuda --precision bf16 --batch 4" $model
 echo "-- numpy float64 forward of the GPU's weights = the GPU's validation loss"

@@ -110,8 +110,19 @@ for gpus, want in [(1, 2 * 2 * 4 * 1024 * 2), (2, 0)]:
     print(f'{"ok  " if ok else "FAIL"} --cuda-graphs on at --accum 3, {gpus} GPU(s): +{on - off} B (want +{want}), '
           f'default {"= off" if default == off else "!= off"}')
 
+# --keep-gelu holds every block's GELU output (n x 4 d bf16) where one is shared; --recompute keeps one block anyway.
+n, d, layers = 4 * 1024, 768, 12
+for extra, want in [([], (layers - 1) * n * 4 * d * 2), (['--recompute'], 0)]:
+    base = cuda_total(1, ['--precision', 'bf16'] + extra)
+    kept = cuda_total(1, ['--precision', 'bf16', '--keep-gelu'] + extra)
+    ok = kept - base == want
+    fail += not ok
+    print(f'{"ok  " if ok else "FAIL"} --keep-gelu {" ".join(extra)}: +{kept - base} B (want +{want})')
+
 # The MLP's flags are refused under --model, and the GPT's without it.
 for flags, want in [(['--model', 'gpt2', '--recompute-gelu'], "tessera-gpt (--model) takes none of them"),
+                    (['--keep-gelu'], "--keep-gelu describes tessera-gpt's model; give --model too"),
+                    (['--model', 'gpt2', '--backend', 'host', '--keep-gelu'], "--keep-gelu keeps the CUDA net's GELU"),
                     (['--batch', '4'], '--batch describes tessera-gpt\'s model; give --model too'),
                     (['--model', 'gpt2', '--layers', '3'], '--model gpt2 sets --layers; drop one of them'),
                     (['--model', 'gpt', '--heads', '5'], '--heads 5 does not divide --d 64')]:

@@ -72,7 +72,7 @@ struct gpt_model {
   std::string name;  // "" (the MLP), gpt2 ... gpt2-xl, or gpt (the shape from the flags)
   gpt::model_shape shape;
   int batch = 4;
-  bool recompute = false;
+  bool recompute = false, keep_gelu = false;  // tessera-gpt's --recompute, --keep-gelu
 };
 //! tessera-gpt's bytes per rank (gpt.cpp).
 estimate gpt_estimate(const options& o, const gpt_model& g);

@@ -18,6 +18,7 @@ estimate gpt_estimate(const options& o, const gpt_model& g) {
   if (o.wire != "fp32" || o.lend_grad_shards || o.copy_engine_gathers || o.recompute_gelu || o.offload > 0)
     throw error("--wire, --lend-grad-shards, --copy-engine-gathers, --recompute-gelu and --offload-optimizer are "
                 "tessera-mlp-lm's; tessera-gpt (--model) takes none of them");
+  if (g.keep_gelu && !cuda) throw error("--keep-gelu keeps the CUDA net's GELU outputs; give --backend cuda");
   const auto f = [&]<class Cfg>() {
     estimate e;
     plan::model_recorder rec;
@@ -40,7 +41,7 @@ estimate gpt_estimate(const options& o, const gpt_model& g) {
     using host_net = gpt::host_gpt<data_parallel_t<Cfg>>;
     const auto ls = plan::layouts<Cfg>(rec.units(), S, wo, R);
     const auto padded_numel = [&](unit_id u) { return ls[std::size_t(u.index)].padded_numel(); };
-    e.act = cuda ? gpt::workspace::cuda_bytes<C>(g.shape, g.batch, g.recompute, flash, o.deterministic, slots)
+    e.act = cuda ? gpt::workspace::cuda_bytes<C>(g.shape, g.batch, g.recompute, flash, o.deterministic, slots, g.keep_gelu)
                  : host_net::workspace_bytes(g.shape, g.batch, {.recompute = g.recompute}) +
                        trainer_kit::widened_bytes<host_net>(ids, padded_numel);
     e.blas = cuda ? gpt::workspace::cublaslt_bytes : 0;

@@ -341,6 +341,7 @@ int main(int argc, char** argv) {
   mem->add_option("--vocab", g.shape.vocab, "--model: vocabulary")->check(CLI::Range(2, 65536));
   mem->add_option("--batch", g.batch, "--model: sequences per micro-batch per rank")->check(CLI::Range(1, 1 << 20));
   mem->add_flag("--recompute", g.recompute, "--model: per-block activation recompute");
+  mem->add_flag("--keep-gelu", g.keep_gelu, "--model: every block's GELU output kept for backward (--backend cuda)");
   for (CLI::App* a : {pre, swp, bst, val, col})
     a->add_option("--topology", topo, "a topology JSON (calibrate writes one; default: published 8xH200 figures)");
   std::string search = "all";
@@ -374,7 +375,7 @@ int main(int argc, char** argv) {
     if (col->parsed()) return cmd_collective(t, op, bytes, gpus_list, o.json);
     if (swp->parsed()) return cmd_sweep(o, t, tokens_per_gpu, gpus_list, groups_list, out);
     if (mem->parsed() && !g.name.empty()) return cmd_gpt_memory(o, g, *mem);
-    for (const char* f : {"--heads", "--seq", "--max-seq", "--vocab", "--batch", "--recompute"})
+    for (const char* f : {"--heads", "--seq", "--max-seq", "--vocab", "--batch", "--recompute", "--keep-gelu"})
       if (mem->count(f)) throw tessera::error(std::string(f) + " describes tessera-gpt's model; give --model too");
     mlp_lm::planning::check(o);
     if (mem->parsed()) return cmd_memory(o);

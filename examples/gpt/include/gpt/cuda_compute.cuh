@@ -103,7 +103,8 @@ public:
     h_ = dbuf<C>(slots * 4 * n * D);
     xn1_ = dbuf<C>(slots * n * D), y_ = dbuf<C>(slots * n * D), xn2_ = dbuf<C>(slots * n * D);
     xf_ = dbuf<C>(n * D);
-    act_ = dbuf<C>(4 * n * D);  // GELU output (forward and backward), then dH
+    // GELU output (forward and backward; every block's with keep_gelu), then dH
+    act_ = dbuf<C>((o.keep_gelu ? slots : 1) * 4 * n * D);
     big_ = dbuf<float>(4 * n * D);  // dA, dqkv
     big_c_ = dbuf<C>(3 * n * D);    // dqkv in C
     dx_ = dbuf<float>(n * D), dsmall_ = dbuf<float>(n * D), dx_c_ = dbuf<C>(n * D), dy_c_ = dbuf<C>(n * D);
@@ -144,7 +145,7 @@ public:
 
   //! Device bytes this class holds, for the memory estimate.
   [[nodiscard]] static std::size_t workspace_bytes(const model_shape& s, int batch, net_options o = {}) {
-    return workspace::cuda_bytes<C>(s, batch, o.recompute, uses_flash(s), o.deterministic, o.input_slots);
+    return workspace::cuda_bytes<C>(s, batch, o.recompute, uses_flash(s), o.deterministic, o.input_slots, o.keep_gelu);
   }
   //! Device bytes known once the net is built: cuDNN's attention workspace.
   [[nodiscard]] std::size_t runtime_workspace_bytes() const { return cudnn_ ? cudnn_->workspace_bytes() : 0; }
@@ -323,6 +324,7 @@ private:
   struct slot {
     float *mean1 = nullptr, *rstd1 = nullptr, *mean2 = nullptr, *rstd2 = nullptr, *lse = nullptr, *xmid = nullptr;
     C *qkv = nullptr, *h = nullptr, *xn1 = nullptr, *y = nullptr, *xn2 = nullptr;  // qkv: what attention reads; h: the GELU input
+    C* act = nullptr;  // the GELU output: the block's own with keep_gelu, else one shared by every block
   };
   slot slot_of(int l) {
     const std::size_t n = n_max_, D = std::size_t(s_.d), k = std::size_t(o_.recompute ? 0 : l);
@@ -330,7 +332,8 @@ private:
     return {.mean1 = st, .rstd1 = st + n, .mean2 = st + 2 * n, .rstd2 = st + 3 * n,
             .lse = lse_.data() + k * n * std::size_t(s_.heads), .xmid = xmid_.data() + k * n * D,
             .qkv = qkv_.data() + k * 3 * n * D, .h = h_.data() + k * 4 * n * D, .xn1 = xn1_.data() + k * n * D,
-            .y = y_.data() + k * n * D, .xn2 = xn2_.data() + k * n * D};
+            .y = y_.data() + k * n * D, .xn2 = xn2_.data() + k * n * D,
+            .act = act_.data() + (o_.keep_gelu ? k : 0) * 4 * n * D};
   }
   using block_weights = gpt::block_weights<C>;
   block_weights weights_of(const block_ids& b, const C* w) const { return gpt::weights_of(m_, b, w); }
@@ -411,15 +414,15 @@ private:
     // act = gelu(h), h = xn2 Wfc^T + bfc kept for backward
     prod_.run(products::fc_fwd, [&](bool fuse) {
       if (fuse) {
-        mm<C>({.trans_b = true, .m = int(n), .n = int(H4), .k = int(D), .a = a.xn2, .b = w.fc_w, .d = act_.data(),
+        mm<C>({.trans_b = true, .m = int(n), .n = int(H4), .k = int(D), .a = a.xn2, .b = w.fc_w, .d = a.act,
                .ep = epilogue::gelu_aux_bias, .bias = w.fc_b, .aux = a.h});
       } else {
         mm<C>({.trans_b = true, .m = int(n), .n = int(H4), .k = int(D), .a = a.xn2, .b = w.fc_w, .d = a.h});
-        kernels::bias_gelu_kernel<C, C><<<grid(n * H4), 256, 0, stream()>>>(a.h, w.fc_b, act_.data(), n, int(H4));
+        kernels::bias_gelu_kernel<C, C><<<grid(n * H4), 256, 0, stream()>>>(a.h, w.fc_b, a.act, n, int(H4));
         check_launch();
       }
     });
-    prod_.linear(products::fcproj_fwd, act_.data(), w.fc_proj_w, w.fc_proj_b, a.xmid, xout, n, D, H4);  // x' = xmid + act Wp^T + bp
+    prod_.linear(products::fcproj_fwd, a.act, w.fc_proj_w, w.fc_proj_b, a.xmid, xout, n, D, H4);  // x' = xmid + act Wp^T + bp
   }
 
   // dx_ holds d loss / d x_{l+1} (and dx_c_ the same in C); leaves d loss / d x_l.
@@ -437,15 +440,18 @@ private:
     const grads g = write_grads(sc, {b.ln1_w, b.ln1_b, b.qkv_b, b.proj_b, b.ln2_w, b.ln2_b, b.fc_b, b.fc_proj_b});
     const bool fresh = g.fresh;
     // MLP: x_{l+1} = xmid + gelu(xn2 Wfc^T + bfc) Wp^T + bp
-    kernels::gelu_kernel<C, C><<<grid(n * H4), 256, 0, stream()>>>(a.h, act_.data(), n * H4);  // act again
-    check_launch();
-    prod_.weight_grad(products::fcproj_wgrad, dXc, dX, act_.data(), n, D, H4, g(b.fc_proj_w),
+    // act again, unless this block's forward left it: keep_gelu, or --recompute's forward just now.
+    if (!o_.keep_gelu && !o_.recompute) {
+      kernels::gelu_kernel<C, C><<<grid(n * H4), 256, 0, stream()>>>(a.h, a.act, n * H4);
+      check_launch();
+    }
+    prod_.weight_grad(products::fcproj_wgrad, dXc, dX, a.act, n, D, H4, g(b.fc_proj_w),
                       resid_db() ? nullptr : g(b.fc_proj_b), fresh);
     if (resid_db()) {  // the LayerNorm backward above summed dX's columns into it
       kernels::drain_kernel<<<grid(D), 256, 0, stream()>>>(resid_db(), g(b.fc_proj_b), int(D));
       check_launch();
     }
-    C* dH = act_.data();  // act is dead now
+    C* dH = a.act;  // act is dead now (the next forward writes it again)
     prod_.run(products::fc_dgelu, [&](bool fuse) {  // dH = (dX Wp) gelu'(h)
       if (fuse) {
         mm<C>({.m = int(n), .n = int(H4), .k = int(D), .a = dXc, .b = w.fc_proj_w, .d = dH, .ep = epilogue::dgelu,

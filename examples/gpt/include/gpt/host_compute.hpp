@@ -39,6 +39,12 @@ struct net_options {
   //! so that a step graph's micro-batches each read their own (1: one at a
   //! time). The host net ignores it.
   int input_slots = 1;
+  //! The CUDA net keeps each block's GELU output (n x 4 d in the compute
+  //! type) from the forward for backward, instead of recomputing it from the
+  //! GELU input there: an element-wise pass over n x 4 d a block less, L - 1
+  //! more such buffers held. --recompute re-runs the block's forward and
+  //! keeps the output it made either way. The host net recomputes nothing.
+  bool keep_gelu = false;
 };
 
 //! Rows of logits the classifier holds at once: the fp32 logits of the whole

@@ -72,16 +72,17 @@ inline std::size_t deterministic_bytes(const model_shape& s, int batch) {
 //! block's saved activations (one block's with recompute), the residual
 //! stream, the backward's buffers, the logits chunk; `flash`: flash attention
 //! runs (its row dots, which --deterministic keeps on every attention path);
-//! `input_slots`: micro-batches whose tokens are on the device at once (a step graph's).
+//! `input_slots`: micro-batches whose tokens are on the device at once (a step graph's);
+//! `keep_gelu`: every block's GELU output kept for backward (one, shared, otherwise).
 template <class C>
 std::size_t cuda_bytes(const model_shape& s, int batch, bool recompute, bool flash, bool deterministic = false,
-                       int input_slots = 1) {
+                       int input_slots = 1, bool keep_gelu = false) {
   const std::size_t n = std::size_t(batch) * std::size_t(s.seq), D = std::size_t(s.d), L = std::size_t(s.layers),
                     slots = recompute ? 1 : L, rows = std::min(chunk_rows, n), V = std::size_t(s.padded_vocab()),
-                    H = std::size_t(s.heads);
+                    H = std::size_t(s.heads), acts = keep_gelu ? slots : 1;
   return sizeof(float) * ((L + 1) * n * D + slots * 4 * n + 2 * n + slots * n * H + slots * n * D + 4 * n * D + 2 * n * D) +
          products_bytes(s.d) +
-         sizeof(C) * (slots * 3 * n * D + slots * 4 * n * D + 3 * slots * n * D + n * D + 4 * n * D + 3 * n * D + 2 * n * D +
+         sizeof(C) * (slots * 3 * n * D + slots * 4 * n * D + 3 * slots * n * D + n * D + acts * 4 * n * D + 3 * n * D + 2 * n * D +
                       rows * V) +
          sizeof(std::uint16_t) * 2 * n * std::size_t(input_slots) + sizeof(double) + (flash || deterministic ? sizeof(float) * n * H : 0) +
          (deterministic ? deterministic_bytes(s, batch) : sizeof(float) * D) +  // else the residual's column sums
