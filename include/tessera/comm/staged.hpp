@@ -14,6 +14,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
 #include "tessera/backend/ops.hpp"
 #include "tessera/comm/communicator.hpp"
@@ -37,22 +38,39 @@ void all_reduce_host(C& c, std::span<T> v, reduce_op op) {
   }
 }
 
+//! Device bytes all_gather_host stages through at most (its own and every
+//! rank's piece of one chunk), whatever it gathers: gather_main moves a whole
+//! unit of main weights, which is not in any memory estimate.
+inline constexpr std::size_t staged_gather_bytes = std::size_t(16) << 20;
+
 //! full (size() x local.size() host values) receives every rank's local.
+//! Where the communicator works on device buffers, through device memory in
+//! chunks of at most `stage_bytes` (each rank's local.size() must be the same,
+//! as for any all-gather, so every rank runs the same chunks).
 template <class C, element_type T>
-void all_gather_host(C& c, std::span<const T> local, std::span<T> full) {
-  TESSERA_CHECK(full.size() == local.size() * std::size_t(c.size()), "all_gather_host: ", full.size(),
-                " elements to receive ", local.size(), " from each of ", c.size(), " ranks");
+void all_gather_host(C& c, std::span<const T> local, std::span<T> full,
+                     std::size_t stage_bytes = staged_gather_bytes) {
+  const std::size_t n = local.size(), P = std::size_t(c.size());
+  TESSERA_CHECK(full.size() == n * P, "all_gather_host: ", full.size(), " elements to receive ", n, " from each of ",
+                P, " ranks");
   using B = typename C::backend_type;
   if constexpr (std::is_same_v<B, backend::host>) {
-    c.all_gather(local.data(), full.data(), local.size(), dtype_of_v<T>);
-  } else if (c.size() == 1) {  // nothing to send: no device staging (a whole unit's, under gather_main)
+    c.all_gather(local.data(), full.data(), n, dtype_of_v<T>);
+  } else if (P == 1) {  // nothing to send: no device staging
     std::copy(local.begin(), local.end(), full.begin());
   } else {
     using ops = backend_ops<B>;
-    typename ops::template buffer<T> d_local(local.size()), d_full(full.size());
-    ops::copy_from_host(d_local.span(), local);
-    c.all_gather(d_local.data(), d_full.data(), local.size(), dtype_of_v<T>);
-    ops::copy_to_host(full, std::span<const T>(d_full.span()));
+    const std::size_t chunk = std::clamp<std::size_t>(stage_bytes / sizeof(T) / (P + 1), 1, std::max<std::size_t>(n, 1));
+    typename ops::template buffer<T> d_local(chunk), d_full(chunk * P);
+    std::vector<T> h_full(chunk * P);
+    for (std::size_t at = 0; at < n; at += chunk) {
+      const std::size_t k = std::min(chunk, n - at);
+      ops::copy_from_host(d_local.span().first(k), local.subspan(at, k));
+      c.all_gather(d_local.data(), d_full.data(), k, dtype_of_v<T>);
+      ops::copy_to_host(std::span<T>(h_full).first(k * P), std::span<const T>(d_full.span()).first(k * P));
+      for (std::size_t r = 0; r < P; ++r)  // rank r's piece of this chunk, to its place in full
+        std::copy_n(h_full.begin() + std::ptrdiff_t(r * k), k, full.begin() + std::ptrdiff_t(r * n + at));
+    }
   }
 }
 
