@@ -4,7 +4,9 @@
 #include "common/mpi_test_main.hpp"
 #include "common/util.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <tuple>
 #include <vector>
@@ -170,3 +172,58 @@ BOOST_AUTO_TEST_CASE_TEMPLATE(gather_scatter_and_reduce_scatter, T, float_types)
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+// comm::all_gather_host's staged path (a communicator on device buffers: the
+// CUDA backend's) runs here on the host: a backend that is the host's in all
+// but name takes it. Every rank's piece lands in its place, in as many
+// collectives as chunks of at most `stage` bytes of staging, at counts and
+// chunk sizes that do not divide. (test-strategies-cuda runs it on the GPU.)
+namespace {
+struct staged_on_host {};
+}  // namespace
+template <> struct tessera::backend_ops<staged_on_host> : tessera::backend_ops<tessera::backend::host> {};
+namespace {
+struct staged_view {  // comm::mpi under the staged backend's name, counting its all-gathers
+  using backend_type = staged_on_host;
+  comm::mpi& c;
+  int calls = 0;
+  std::size_t most = 0;  // the most elements a rank sent in one all-gather
+  [[nodiscard]] int size() const { return c.size(); }
+  [[nodiscard]] int rank() const { return c.rank(); }
+  void all_gather(const void* s, void* r, std::size_t n, dtype t) {
+    ++calls, most = std::max(most, n);
+    c.all_gather(s, r, n, t);
+  }
+};
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(all_gather_host_stages_in_chunks) {
+  comm::mpi c;
+  const std::size_t P = std::size_t(c.size());
+  for (const std::size_t n : {std::size_t(0), std::size_t(1), std::size_t(7), std::size_t(1000), std::size_t(4099)})
+    for (const std::size_t stage : {std::size_t(1), std::size_t(100), std::size_t(4096), comm::staged_gather_bytes}) {
+      staged_view v{c};
+      std::vector<std::int64_t> mine(n), all(n * P, -1);
+      for (std::size_t i = 0; i < n; ++i) mine[i] = std::int64_t(c.rank()) * 1000003 + std::int64_t(i);
+      comm::all_gather_host(v, std::span<const std::int64_t>(mine), std::span<std::int64_t>(all), stage);
+      std::size_t wrong = 0;
+      for (std::size_t q = 0; q < P; ++q)
+        for (std::size_t i = 0; i < n; ++i) wrong += all[q * n + i] != std::int64_t(q) * 1000003 + std::int64_t(i);
+      BOOST_TEST(wrong == 0u, "n " << n << ", stage " << stage << " B, " << P << " ranks");
+      // Each chunk stages this rank's piece and every rank's, P + 1 pieces: at most `stage` bytes (or
+      // one element each), in as few chunks as that allows. One rank stages nothing.
+      const std::size_t bytes = v.most * (P + 1) * sizeof(std::int64_t);
+      if (P == 1 || n == 0) {
+        BOOST_TEST(v.calls == 0);
+      } else {
+        BOOST_TEST(bytes <= std::max(stage, (P + 1) * sizeof(std::int64_t)), "n " << n << ", stage " << stage);
+        BOOST_TEST(std::size_t(v.calls) == (n + v.most - 1) / v.most, "n " << n << ", stage " << stage);
+        BOOST_TEST((v.most == n || (v.most + 1) * (P + 1) * sizeof(std::int64_t) > stage), "n " << n << ", stage " << stage);
+      }
+    }
+  staged_view v{c};  // full must hold P x local: one clear error, nothing sent
+  std::vector<std::int64_t> one(3), short_full(3 * P - 1);
+  BOOST_CHECK_THROW(comm::all_gather_host(v, std::span<const std::int64_t>(one), std::span<std::int64_t>(short_full)),
+                    tessera::error);
+  BOOST_TEST(v.calls == 0);
+}
