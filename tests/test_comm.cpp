@@ -2,6 +2,7 @@
 // at every world size meson runs this under.
 #define BOOST_TEST_MODULE tessera_comm
 #include "common/mpi_test_main.hpp"
+#include "common/staged_gather.hpp"
 #include "common/util.hpp"
 
 #include <algorithm>
@@ -200,16 +201,11 @@ struct staged_view {  // comm::mpi under the staged backend's name, counting its
 BOOST_AUTO_TEST_CASE(all_gather_host_stages_in_chunks) {
   comm::mpi c;
   const std::size_t P = std::size_t(c.size());
-  for (const std::size_t n : {std::size_t(0), std::size_t(1), std::size_t(7), std::size_t(1000), std::size_t(4099)})
-    for (const std::size_t stage : {std::size_t(1), std::size_t(100), std::size_t(4096), comm::staged_gather_bytes}) {
+  for (const std::size_t n : tessera_test::staged_gather_counts)
+    for (const std::size_t stage : tessera_test::staged_gather_bounds) {
       staged_view v{c};
-      std::vector<std::int64_t> mine(n), all(n * P, -1);
-      for (std::size_t i = 0; i < n; ++i) mine[i] = std::int64_t(c.rank()) * 1000003 + std::int64_t(i);
-      comm::all_gather_host(v, std::span<const std::int64_t>(mine), std::span<std::int64_t>(all), stage);
-      std::size_t wrong = 0;
-      for (std::size_t q = 0; q < P; ++q)
-        for (std::size_t i = 0; i < n; ++i) wrong += all[q * n + i] != std::int64_t(q) * 1000003 + std::int64_t(i);
-      BOOST_TEST(wrong == 0u, "n " << n << ", stage " << stage << " B, " << P << " ranks");
+      BOOST_TEST(tessera_test::misplaced_by_all_gather_host(v, n, stage) == 0u,
+                 "n " << n << ", stage " << stage << " B, " << P << " ranks");
       // Each chunk stages this rank's piece and every rank's, P + 1 pieces: at most `stage` bytes (or
       // one element each), in as few chunks as that allows. One rank stages nothing.
       const std::size_t bytes = v.most * (P + 1) * sizeof(std::int64_t);

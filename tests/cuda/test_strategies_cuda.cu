@@ -7,8 +7,8 @@
 #define BOOST_TEST_MODULE tessera_strategies_cuda
 #include "common/mpi_test_main.hpp"
 #include "common/init_suite.hpp"
+#include "common/staged_gather.hpp"
 #include "common/strategy_suite.hpp"
-#include "tessera/comm/staged.hpp"
 #include "tessera/optim/step_graph.cuh"
 
 using namespace tessera;
@@ -145,22 +145,15 @@ BOOST_AUTO_TEST_CASE(copy_engine_all_gather) {
   ce.free_symmetric(again);
 }
 
-// Host values gathered through device memory (gather_main, checkpoints' sums) in chunks of at most
-// stage_bytes: every rank's piece lands in its place, with chunk sizes that do not divide the count,
-// over staged MPI and over NCCL where it can run.
+// Host values gathered through device memory (gather_main, checkpoints' shards) in chunks of at most
+// a bound: every rank's piece lands in its place, at counts and bounds that do not divide, over staged
+// MPI and over NCCL where it can run.
 template <class Comm>
 void check_all_gather_host_in_chunks(Comm& c) {
-  const int P = c.size(), r = c.rank();
-  for (const std::size_t n : {std::size_t(0), std::size_t(1), std::size_t(7), std::size_t(1000), std::size_t(4099)})
-    for (const std::size_t stage : {sizeof(std::int64_t), std::size_t(100), std::size_t(4096), comm::staged_gather_bytes}) {
-      std::vector<std::int64_t> mine(n), all(n * std::size_t(P), -1);
-      for (std::size_t i = 0; i < n; ++i) mine[i] = std::int64_t(r) * 1000003 + std::int64_t(i);
-      comm::all_gather_host(c, std::span<const std::int64_t>(mine), std::span<std::int64_t>(all), stage);
-      std::size_t wrong = 0;
-      for (int q = 0; q < P; ++q)
-        for (std::size_t i = 0; i < n; ++i) wrong += all[std::size_t(q) * n + i] != std::int64_t(q) * 1000003 + std::int64_t(i);
-      BOOST_TEST(wrong == 0u, "n " << n << ", stage " << stage << " B, " << P << " ranks");
-    }
+  for (const std::size_t n : tessera_test::staged_gather_counts)
+    for (const std::size_t stage : tessera_test::staged_gather_bounds)
+      BOOST_TEST(tessera_test::misplaced_by_all_gather_host(c, n, stage) == 0u,
+                 "n " << n << ", stage " << stage << " B, " << c.size() << " ranks");
 }
 BOOST_AUTO_TEST_CASE(all_gather_host_in_chunks) {
   comm::mpi_device c;

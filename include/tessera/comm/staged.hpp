@@ -14,7 +14,6 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
-#include <vector>
 
 #include "tessera/backend/ops.hpp"
 #include "tessera/comm/communicator.hpp"
@@ -62,14 +61,13 @@ void all_gather_host(C& c, std::span<const T> local, std::span<T> full,
     using ops = backend_ops<B>;
     const std::size_t chunk = std::clamp<std::size_t>(stage_bytes / sizeof(T) / (P + 1), 1, std::max<std::size_t>(n, 1));
     typename ops::template buffer<T> d_local(chunk), d_full(chunk * P);
-    std::vector<T> h_full(chunk * P);
+    const std::span<const T> gathered = d_full.span();
     for (std::size_t at = 0; at < n; at += chunk) {
       const std::size_t k = std::min(chunk, n - at);
       ops::copy_from_host(d_local.span().first(k), local.subspan(at, k));
       c.all_gather(d_local.data(), d_full.data(), k, dtype_of_v<T>);
-      ops::copy_to_host(std::span<T>(h_full).first(k * P), std::span<const T>(d_full.span()).first(k * P));
-      for (std::size_t r = 0; r < P; ++r)  // rank r's piece of this chunk, to its place in full
-        std::copy_n(h_full.begin() + std::ptrdiff_t(r * k), k, full.begin() + std::ptrdiff_t(r * n + at));
+      for (std::size_t r = 0; r < P; ++r)  // rank r's piece of this chunk, straight to its place in full
+        ops::copy_to_host(full.subspan(r * n + at, k), gathered.subspan(r * k, k));
     }
   }
 }
