@@ -23,6 +23,8 @@ import tempfile
 
 mpiexec, trainer, precision, extra = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 trainer = os.path.abspath(trainer)  # one run works in another directory
+# So does a file the flags name: --data / --val-data (a file or a glob) made absolute for it.
+extra = [os.path.abspath(v) if i and extra[i - 1] in ('--data', '--val-data') else v for i, v in enumerate(extra)]
 env = dict(os.environ, OPENBLAS_NUM_THREADS='1')
 STEPS = 6
 gpt = 'gpt' in os.path.basename(trainer)
