@@ -3,7 +3,9 @@
 
 The same architecture (fused qkv with bias, causal attention, tanh GELU, pre-LN,
 the head tied to the token table, the vocabulary padded in the table and the
-padded rows never given probability), AdamW (0.9, 0.95, eps 1e-8, decay on 2-D
+padded rows never given probability; the head's product runs over the whole
+padded table, as nanoGPT's vocab_size 50304 does, and the padded columns are
+dropped before the softmax), AdamW (0.9, 0.95, eps 1e-8, decay on 2-D
 weights only), global-norm clipping, linear warm-up then a cosine to --min-lr,
 fp32 master weights with bf16 autocast (--precision bf16) or strict fp32 (no
 TF32).
@@ -11,7 +13,7 @@ TF32).
 --weights FILE starts from tessera-gpt's --dump-weights (with --steps 0: its
 initial weights) and --text FILE takes the very batches tessera-gpt draws
 (sequence g of step s starts at window hash(seed, s, g) mod windows: the
-sampler of examples/gpt/include/gpt/data.hpp, re-implemented here), so the two
+sampler of models/include/trainer_kit/tokens.hpp, re-implemented here), so the two
 loss curves can be compared step by step. Without --weights it initialises as
 GPT-2 and trains on random tokens (the speed issue's setting).
 
@@ -137,8 +139,12 @@ class GPT(torch.nn.Module):
         for b in self.blocks:
             x = b(x)
         x = F.layer_norm(x, (d,), self.lnf_w, self.lnf_b, 1e-5)
-        logits = F.linear(x, self.wte[:self.vocab])
-        return F.cross_entropy(logits.float().view(-1, self.vocab), targets.reshape(-1), reduction='sum')
+        # The head over the whole padded table, as nanoGPT runs it (vocab_size 50304): an aligned width keeps
+        # cuBLAS on its fast kernels (over wte[:50257] it fell to kernels several times slower, which made this
+        # peer weaker than the field's torch.compile baseline). The padded columns are then left out of the
+        # softmax, so the function is tessera-gpt's (padded tokens never given probability).
+        logits = F.linear(x, self.wte)[..., :self.vocab]
+        return F.cross_entropy(logits.float().reshape(-1, self.vocab), targets.reshape(-1), reduction='sum')
 
 
 def main():

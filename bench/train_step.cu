@@ -29,10 +29,10 @@
 #include <string>
 #include <vector>
 
-#include "mlp_lm/configs.hpp"
+#include "trainer_kit/configs.hpp"
 #include "mlp_lm/cuda_compute.cuh"
 #include "mlp_lm/data.hpp"
-#include "mlp_lm/gpu_placement.hpp"
+#include "trainer_kit/gpu_placement.hpp"
 #include "mlp_lm/model.hpp"
 #include "common.cuh"
 #include "tessera/tessera.hpp"
@@ -85,7 +85,7 @@ strategy_result run_strategy(const bench_options& o, const model_shape& s, Comm&
     mlp_lm::init_model(model, ids, s, 1);
     ShardedOptimizer opt(model, adamw{.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1},
                          optimizer_options{.clip_norm = o.clip, .overlap_updates = o.overlap_updates == "on",
-                                           .offload_update = mlp_lm::update_site_of(o.offload_update)});
+                                           .offload_update = trainer_kit::update_site_of(o.offload_update)});
     res.offloaded = model.planned().host_main_weights + opt.offloaded_bytes();
     const long per_mb = o.tokens / o.accum;
     const long lo = per_mb * r / N, hi = per_mb * (r + 1) / N;
@@ -284,7 +284,7 @@ template <class P, class Comm>
 strategy_result dispatch_precision(const bench_options& o, const std::string& name, const model_shape& s, Comm& comm,
                                    MPI_Comm world, comm::mesh<Comm>* m) {
   const auto run = [&]<class Cfg>() { return run_strategy<Cfg>(o, s, comm, world, m); };
-  if (auto r = mlp_lm::with_config<P, backend::cuda>(o.wrapper, name, o.outer, run)) return *r;  // HFSDP: fsdp / ogp
+  if (auto r = trainer_kit::with_config<P, backend::cuda>(o.wrapper, name, o.outer, run)) return *r;  // HFSDP: fsdp / ogp
   throw tessera::error("no instantiation for --wrapper " + o.wrapper + " --strategies " + name);
 }
 
@@ -314,7 +314,7 @@ int main(int argc, char** argv) {
   try {
     comm::mpi_session session(&argc, &argv);
     comm::mpi world;
-    const mlp_lm::gpu_placement where = mlp_lm::place_on_gpu(world.rank());
+    const trainer_kit::gpu_placement where = trainer_kit::place_on_gpu(world.rank());
     tessera::cuda::stream compute;
     const tessera::cuda::scoped_stream on_compute(compute.get());  // restored before compute goes
     const bool use_nccl = where.communicator(o.comm) == "nccl";

@@ -6,6 +6,8 @@
 #define BOOST_TEST_MODULE tessera_gpt
 #include "common/mpi_test_main.hpp"
 
+#include <sys/stat.h>
+
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -135,15 +137,32 @@ BOOST_AUTO_TEST_CASE(initial_weights_follow_gpt2) {
   BOOST_TEST(s.padded_vocab() == 384);
 }
 
-// Token shards: a round trip, and each kind of damage is one tessera: error naming the file.
+// Token shards (trainer_kit/tokens.hpp): a round trip in both of llm.c's
+// formats, and each kind of damage is one tessera: error naming the file,
+// before anything the header promises is allocated.
 BOOST_AUTO_TEST_CASE(token_shards_and_their_errors) {
   const auto dir = std::filesystem::temp_directory_path() / ("tessera-gpt-test-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   const std::string good = (dir / "a.bin").string();
   std::vector<std::uint16_t> toks(100);
   for (std::size_t i = 0; i < toks.size(); ++i) toks[i] = std::uint16_t(i % 50);
-  gpt::write_shard(good, toks);
-  BOOST_TEST(gpt::read_shard(good).tokens == toks);
+  trainer_kit::write_shard(good, toks);
+  BOOST_TEST(trainer_kit::read_shard<std::uint16_t>(good, 50).tokens == toks);
+  {  // Llama 3's format (32-bit tokens) read as 32 and as 16 bits; GPT-2's read as 32
+    const std::string wide = (dir / "wide.bin").string();
+    std::vector<std::uint32_t> big(toks.begin(), toks.end());
+    big[7] = 70000;
+    trainer_kit::write_shard(wide, big, trainer_kit::llama3_shards);
+    BOOST_TEST(std::filesystem::file_size(wide) == 1024 + 4 * big.size());
+    BOOST_TEST(trainer_kit::read_shard<std::uint32_t>(wide, 128256).tokens == big);
+    BOOST_TEST(trainer_kit::read_shard<std::uint32_t>(good, 50).tokens == std::vector<std::uint32_t>(toks.begin(), toks.end()));
+    try {
+      (void)trainer_kit::read_shard<std::uint16_t>(wide, 50257);
+      BOOST_ERROR("a 32-bit token past a 16-bit vocabulary was read");
+    } catch (const tessera::error& e) {
+      BOOST_TEST(std::string(e.what()).find("token 70000 at position 7") != std::string::npos);
+    }
+  }
   const gpt::corpus c(good, false, 50, 9);
   std::vector<std::uint16_t> a(10), b(10);
   c.sequence(1, 3, 7, a.data());
@@ -169,11 +188,21 @@ BOOST_AUTO_TEST_CASE(token_shards_and_their_errors) {
     return path;
   };
   const auto magic = damaged("magic.bin", [](std::string& s) { s[0] = 1; });
-  expect([&] { (void)gpt::read_shard(magic); }, "is not a token shard: magic");
+  const auto read = [](const std::string& p) { return trainer_kit::read_shard<std::uint16_t>(p, 50); };
+  expect([&] { (void)read(magic); }, "is not a token shard: magic");
   const auto version = damaged("version.bin", [](std::string& s) { s[4] = 2; });
-  expect([&] { (void)gpt::read_shard(version); }, "token shard version 2");
+  expect([&] { (void)read(version); }, "token shard version 2");
   const auto shortf = damaged("short.bin", [](std::string& s) { s.resize(s.size() - 10); });
-  expect([&] { (void)gpt::read_shard(shortf); }, "shorter than its header says: 100 tokens promised, 95 present");
+  expect([&] { (void)read(shortf); }, "holds 190 bytes of tokens; its header promises 100 16-bit tokens (200 bytes)");
+  const auto longer = damaged("long.bin", [](std::string& s) { s += '\x01'; });  // an odd trailing byte
+  expect([&] { (void)read(longer); }, "holds 201 bytes of tokens; its header promises 100 16-bit tokens");
+  const auto lies = damaged("lies.bin", [](std::string& s) { s[8] = '\xff', s[9] = '\xff', s[10] = '\xff', s[11] = 0x7f; });
+  expect([&] { (void)read(lies); }, "its header promises 2147483647 16-bit tokens");  // refused before any allocation
+  expect([&] { (void)read(dir.string()); }, "is not a regular file (a directory)");
+  const std::string fifo = (dir / "fifo").string();
+  BOOST_REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  expect([&] { (void)read(fifo); }, "is not a regular file (a FIFO)");  // refused, not opened (which would block)
+  expect([&] { (void)trainer_kit::read_text<std::uint16_t>(fifo); }, "is not a regular file (a FIFO)");
   expect([&] { (void)gpt::corpus(good, false, 40, 9); }, "is not below the vocabulary size 40");
   expect([&] { (void)gpt::corpus(good, false, 50, 100); }, "no file holds 101 tokens");
   expect([&] { (void)gpt::corpus((dir / "nothing*.bin").string(), false, 50, 9); }, "no file matches it");

@@ -5,7 +5,7 @@
 #    weights, the loss falls on real text);
 #  - against PyTorch (bench/torch_gpt2.py) from the same initial weights on
 #    the same batches: the first $TESSERA_GPT_STEPS (50) losses, fp32 and bf16;
-#  - the way out: tools/export_hf_gpt2.py's directory loads in transformers'
+#  - the way out: tools/hf_export.py's directory loads in transformers'
 #    GPT2LMHeadModel and gives the trainer's validation loss (tests/gpt/check_hf.py);
 #  - kernels: tests/cuda/test_gpt_kernels_cuda.cu (attention, LayerNorm,
 #    cross-entropy, embeddings against float64);
@@ -91,7 +91,7 @@ else
     fi
   fi
   if [[ " $gpt_parts " == *" hf "* ]]; then
-    if python3 tests/gpt/check_hf.py "$bin/tessera-gpt" tools/export_hf_gpt2.py "$gpt_text" >"$LOGS/gpt-hf.log" 2>&1; then
+    if python3 tests/gpt/check_hf.py "$bin/tessera-gpt" tools/hf_export.py "$gpt_text" >"$LOGS/gpt-hf.log" 2>&1; then
       log "PASS gpt -> Hugging Face: $(tail -1 "$LOGS/gpt-hf.log")"
     else
       log "FAIL gpt -> Hugging Face"; tail -20 "$LOGS/gpt-hf.log"; status=1

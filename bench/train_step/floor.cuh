@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "../common.cuh"
-#include "mlp_lm/configs.hpp"
+#include "trainer_kit/configs.hpp"
 #include "mlp_lm/model.hpp"
 #include "tessera/tessera.hpp"
 

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "mlp_lm/offload_flags.hpp"
+#include "trainer_kit/run_options.hpp"
 
 namespace tessera_bench::train_step {
 
@@ -53,7 +53,7 @@ inline void add_options(CLI::App& app, bench_options& o) {
                  "each step after the first as one CUDA graph launch (tessera::step_graph; its phases are then not "
                  "timed apart). auto: on one rank without offload; on; off")
       ->check(CLI::IsMember({"auto", "on", "off"}));
-  mlp_lm::add_offload_options(app, o.offload, o.offload_update);
+  trainer_kit::add_offload_options(app, o.offload, o.offload_update);
   app.add_option("--gemm-sms", o.gemm_sms,
                  "SMs each GEMM is shaped for when collectives overlap it (0: all; -1: all but --nccl-ctas)");
   app.add_option("--gather-buffers", o.gather_buffers,

@@ -5,5 +5,5 @@
 #include "trainer.hpp"
 
 int gpt::run_exact_host(const options& o, tessera::comm::mpi& world, const datasets& sets) {
-  return dispatch<tessera::backend::host, host_gpt, tessera::exact_reduction>(o, world, world, sets);
+  return run_host<tessera::exact_reduction>(o, world, sets);
 }

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <optional>
 
+#include "gpt/hf.hpp"
 #include "options.hpp"
 #include "trainer.hpp"
 #if TESSERA_CUDA_COMPILER
@@ -15,12 +16,15 @@ int main(int argc, char** argv) {
   trainer_kit::program_name = "tessera-gpt";
   gpt::options o;
   if (const int rc = gpt::parse(argc, argv, o); rc >= 0) return rc;
-  // The data first, on every rank alike: a bad file (magic, version, length,
-  // a token past the vocabulary) is one line and exit 2 before MPI starts.
+  // The shape of a Hugging Face directory and the data first, on every rank
+  // alike: a bad configuration or file (magic, version, length, a token past
+  // the vocabulary) is one line and exit 2 before MPI starts.
   std::optional<gpt::datasets> sets;
   try {
-    sets.emplace(gpt::corpus(o.data, o.text, o.shape.vocab, o.shape.seq), std::nullopt);
-    if (!o.val_data.empty()) sets->val.emplace(o.val_data, o.text, o.shape.vocab, o.shape.seq, "--val-data");
+    if (trainer_kit::is_hf_directory(o.init_from))  // its config.json is the shape
+      o.shape = gpt::shape_from_hf(trainer_kit::hf::read_config(o.init_from), "--init-from '" + o.init_from + "'",
+                                   o.shape.seq);
+    sets.emplace(o, o, o.shape.vocab, o.shape.seq);
   } catch (const tessera::error& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 2;
@@ -37,6 +41,6 @@ int main(int argc, char** argv) {
 #endif
     }
     if (o.deterministic) return gpt::run_exact_host(o, world, *sets);  // exact.cpp
-    return gpt::dispatch<tessera::backend::host, gpt::host_gpt>(o, world, world, *sets);
+    return gpt::run_host(o, world, *sets);
   }, o.timeout);  // MPI start-up under the same deadline as the collectives
 }

@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
       if (r == 0) std::printf("tessera-mlp-lm %s\n", why.c_str());
     }
     tessera::comm::mpi world(tessera::comm::mpi_options{.timeout_s = o.timeout, .order_check = check_order});
-    mlp_lm::agree_on_options(world, o);
+    trainer_kit::agree_on_text(world, mlp_lm::describe(o));
     return o.deterministic ? mlp_lm::run_exact(o, world) : mlp_lm::run_backend<tessera::float_reduction>(o, world);
   }, o.timeout);  // MPI start-up under the same deadline as the collectives
 }

@@ -11,9 +11,6 @@
 #endif
 
 namespace mlp_lm {
-struct host_usage final : device_usage {
-  [[nodiscard]] std::size_t used() const override { return tessera::memory_of<tessera::backend::host>().peak(); }
-};
 
 template <class R>
 int run_backend(const options& o, tessera::comm::mpi& world) {
@@ -24,10 +21,8 @@ int run_backend(const options& o, tessera::comm::mpi& world) {
     throw tessera::error("this build of tessera-mlp-lm has no CUDA backend (configure with CUDA)");
 #endif
   }
-  host_usage usage;
-  return dispatch<tessera::backend::host, host_mlp, R>(o, world, world, usage);
+  lm<host_mlp> model(o);
+  return trainer_kit::run_configured<tessera::backend::host, R>(o, world, world, model, trainer_kit::host_usage{});
 }
 
-//! run_backend<exact_reduction> (exact.cpp).
-int run_exact(const options& o, tessera::comm::mpi& world);
 }  // namespace mlp_lm

@@ -1,8 +1,12 @@
 #pragma once
-//! \file The umbrella header: the whole public API for the backends this
-//! translation unit can see. The CUDA backend and NCCL are included only when
-//! compiled by nvcc (or with TESSERA_WITH_CUDA defined), so a host-only program
-//! never sees a CUDA header.
+//! \file The umbrella header: the wrappers, the optimizer, the communicators,
+//! the shards and the memory planner for the backends this translation unit
+//! can see. Checkpoints (tessera/checkpoint/checkpoint.hpp, which needs
+//! nlohmann_json), step graphs (tessera/optim/step_graph.cuh) and the
+//! step-time planner (tessera/plan/schedule.hpp, cost.hpp) are included on
+//! their own. The CUDA backend and NCCL are included only when compiled by
+//! nvcc (or with TESSERA_WITH_CUDA defined), so a host-only program never sees
+//! a CUDA header.
 #include "tessera/fwd.hpp"
 #include "tessera/core/config.hpp"
 #include "tessera/core/dtype.hpp"

@@ -1,14 +1,17 @@
-// tessera-gpt's GPU kernels against float64 on fresh random data: causal
-// attention forward and backward (the exact fp32 kernels and the bf16 flash
-// kernels; sequences that are not a multiple of the 64-row tile, one head and
-// many), LayerNorm forward and backward, the classifier's cross-entropy and
-// its gradient, GELU, and the embeddings' backward with repeated tokens;
-// and the --deterministic forms of each sum (cuda_ordered.cuh, attention
-// without atomics): the same reference, and the same bits run after run.
+// The language models' GPU kernels (the kit's, and GPT-2's LayerNorm) against
+// float64 on fresh random data: causal attention forward and backward (the
+// exact fp32 kernels with grouped kv heads, the bf16 flash kernels, cuDNN's
+// fused SDPA; sequences that are not a multiple of the 64-row tile, one head
+// and many), LayerNorm forward and backward, the classifier's cross-entropy
+// and its gradient, GELU, and the embeddings' backward with repeated tokens;
+// and the --deterministic forms of each sum (fixed-order column sums and
+// embedding rows, attention without atomics): the same reference, and the
+// same bits run after run.
 #define BOOST_TEST_MODULE tessera_gpt_kernels_cuda
 #include "common/mpi_test_main.hpp"
 #include "common/util.hpp"
 #include "common/cuda_util.cuh"
+#include "common/reference.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -17,11 +20,11 @@
 #include <string>
 #include <vector>
 
-#include "gpt/cuda_flash.cuh"
-#include "gpt/cudnn_attention.hpp"
-#include "gpt/cuda_kernels.cuh"
 #include "gpt/cuda_layernorm.cuh"
-#include "gpt/cuda_ordered.cuh"
+#include "trainer_kit/cudnn_attention.hpp"
+#include "trainer_kit/embedding.cuh"
+#include "trainer_kit/kernels/attention.cuh"
+#include "trainer_kit/kernels/flash.cuh"
 #include "tessera/tessera.hpp"
 
 using namespace tessera;
@@ -50,18 +53,25 @@ double rel_error(const std::vector<T>& got, const std::vector<double>& ref) {
   return err / scale;
 }
 
-// Causal attention in float64: y, lse and, given dy, dqkv. Layouts as the kernels'.
+// Causal attention in float64: y, lse and, given dy, dqkv. Layouts as the
+// kernels': rows [q (H heads) | k (KV) | v (KV)], q head h reading kv head h / (H / KV).
 struct attention_ref {
   std::vector<double> y, lse, dqkv;
-  attention_ref(const std::vector<float>& qkv, const std::vector<float>& dy, int B, int T, int H, int hd) {
-    const std::size_t d = std::size_t(H) * std::size_t(hd), row = 3 * d;
+  attention_ref(const std::vector<float>& qkv, const std::vector<float>& dy, int B, int T, int H, int KV, int hd) {
+    const std::size_t d = std::size_t(H) * std::size_t(hd), row = std::size_t(H + 2 * KV) * std::size_t(hd);
     y.assign(std::size_t(B) * T * d, 0.0), lse.assign(std::size_t(B) * T * H, 0.0), dqkv.assign(std::size_t(B) * T * row, 0.0);
     const double scale = 1.0 / std::sqrt(double(hd));
     std::vector<double> p(static_cast<std::size_t>(T)), dp(static_cast<std::size_t>(T));
     for (int b = 0; b < B; ++b)
       for (int h = 0; h < H; ++h)
         for (int i = 0; i < T; ++i) {
-          auto at = [&](int t, int part) { return (std::size_t(b) * T + std::size_t(t)) * row + std::size_t(part) * d + std::size_t(h) * hd; };
+          const std::size_t kvh = std::size_t(h / (H / KV));
+          auto at = [&](int t, int part) {
+            const std::size_t first = part == 0 ? std::size_t(h) * hd
+                                    : part == 1 ? d + kvh * hd
+                                                : d + std::size_t(KV) * hd + kvh * hd;
+            return (std::size_t(b) * T + std::size_t(t)) * row + first;
+          };
           double mx = -1e300;
           for (int j = 0; j <= i; ++j) {
             double s = 0;
@@ -98,10 +108,12 @@ struct attention_ref {
 };
 
 struct attention_case {
-  int B, T, H;
+  int B, T, H, KV;
 };
-// Sequences of 1, 63, 64, 65, 100 and 200 rows (tiles are 64), one head and several.
-const attention_case cases[] = {{1, 1, 2}, {1, 63, 1}, {2, 64, 3}, {1, 65, 2}, {2, 100, 3}, {1, 200, 2}};
+// Sequences of 1, 63, 64, 65, 100 and 200 rows (tiles are 64), one head and
+// several, and grouped kv heads (Llama's: 2 or 4 q heads reading each).
+const attention_case cases[] = {{1, 1, 2, 2}, {1, 63, 1, 1}, {2, 64, 3, 3}, {1, 65, 2, 2}, {2, 100, 3, 3},
+                                {1, 200, 2, 2}, {1, 63, 4, 2}, {2, 100, 4, 1}, {1, 65, 6, 3}};
 
 // In: what the kernels read q, k, v and dy as (fp32, or bf16 as the bf16 trainer keeps them).
 // deterministic: dq (flash) or dk and dv (exact) summed in a fixed order, no
@@ -111,11 +123,13 @@ void check_attention(bool flash, double tol, bool deterministic = false) {
   std::mt19937 g(flash ? 41 : 42);
   constexpr int hd = 64;
   for (const auto& k : cases) {
-    const std::size_t d = std::size_t(k.H) * hd, n = std::size_t(k.B) * std::size_t(k.T);
+    if (flash && k.KV != k.H) continue;  // the flash kernels run as many kv heads as heads
+    const trainer_kit::kernels::attention_shape A{k.H, k.KV, hd};
+    const std::size_t d = std::size_t(k.H) * hd, n = std::size_t(k.B) * std::size_t(k.T), row = std::size_t(A.row());
     // bf16-exact inputs for the flash kernels: what is left is the rounding of P and dS.
     const bool exact_in = flash || !std::is_same_v<In, float>;  // bf16-exact where anything reads bf16
-    const auto qkv = normal(n * 3 * d, g, 1.5, exact_in), dy = normal(n * d, g, 1.0, exact_in);
-    const attention_ref ref(qkv, dy, k.B, k.T, k.H, hd);
+    const auto qkv = normal(n * row, g, 1.5, exact_in), dy = normal(n * d, g, 1.0, exact_in);
+    const attention_ref ref(qkv, dy, k.B, k.T, k.H, k.KV, hd);
     auto as_in = [](const std::vector<float>& v) {
       std::vector<In> r(v.size());
       for (std::size_t i = 0; i < v.size(); ++i) r[i] = In(v[i]);
@@ -124,36 +138,29 @@ void check_attention(bool flash, double tol, bool deterministic = false) {
     auto dqkv_in = to_device(as_in(qkv));
     auto ddy = to_device(as_in(dy));
     dbuf<C> y(n * d);
-    dbuf<float> lse(n * std::size_t(k.H)), D(n * std::size_t(k.H)), dqkv(n * 3 * d);
-    const dim3 grid(unsigned(k.T), unsigned(k.B * k.H));
-    const std::size_t smem = (std::size_t(k.T) + 32) * sizeof(float);
-    if (flash) gpt::flash::forward<C, In>(dqkv_in.data(), y.data(), lse.data(), k.B, k.T, k.H, nullptr);
-    else gpt::kernels::attention_kernel<C, In><<<grid, 128, smem>>>(dqkv_in.data(), y.data(), lse.data(), k.T, k.H, hd);
+    dbuf<float> lse(n * std::size_t(k.H)), D(n * std::size_t(k.H)), dqkv(n * row);
+    if (flash) trainer_kit::flash::forward<C, In>(dqkv_in.data(), y.data(), lse.data(), k.B, k.T, k.H, nullptr);
+    else trainer_kit::kernels::exact_attention(dqkv_in.data(), y.data(), lse.data(), k.B, k.T, A, nullptr);
     TESSERA_CUDA(cudaGetLastError());
     auto backward = [&] {
       TESSERA_CUDA(cudaMemset(dqkv.data(), 0, dqkv.size() * sizeof(float)));
-      if (flash) {
-        gpt::flash::backward<C, In>(ddy.data(), dqkv_in.data(), y.data(), lse.data(), D.data(), dqkv.data(), k.B, k.T,
-                                    k.H, nullptr, deterministic);
-      } else {
-        float* Dvec = deterministic ? D.data() : nullptr;
-        gpt::kernels::attention_backward_kernel<C, In><<<grid, 128, smem>>>(ddy.data(), dqkv_in.data(), y.data(),
-                                                                        lse.data(), dqkv.data(), k.T, k.H, hd, Dvec);
-        if (Dvec)
-          gpt::kernels::attention_backward_kv_kernel<In><<<grid, 128>>>(ddy.data(), dqkv_in.data(), lse.data(), Dvec,
-                                                                        dqkv.data(), k.T, k.H, hd);
-      }
+      if (flash)
+        trainer_kit::flash::backward<C, In>(ddy.data(), dqkv_in.data(), y.data(), lse.data(), D.data(), dqkv.data(), k.B,
+                                            k.T, k.H, nullptr, deterministic);
+      else
+        trainer_kit::kernels::exact_attention_backward(ddy.data(), dqkv_in.data(), y.data(), lse.data(), dqkv.data(), k.B,
+                                                       k.T, A, deterministic ? D.data() : nullptr, nullptr);
       TESSERA_CUDA(cudaGetLastError());
       device_sync();
       return to_host(dqkv);
     };
     const auto got = backward();
     const double ey = rel_error(to_host(y), ref.y), el = rel_error(to_host(lse), ref.lse), ed = rel_error(got, ref.dqkv);
-    std::printf("attention %s%s%s B %d T %d H %d: y %.2e, lse %.2e, dqkv %.2e (relative to the largest value)\n",
+    std::printf("attention %s%s%s B %d T %d H %d KV %d: y %.2e, lse %.2e, dqkv %.2e (relative to the largest value)\n",
                 flash ? "flash bf16" : std::is_same_v<C, float> ? "exact fp32" : "exact bf16",
                 std::is_same_v<In, float> ? "" : " (bf16 inputs)", deterministic ? ", fixed order" : "", k.B, k.T, k.H,
-                ey, el, ed);
-    BOOST_TEST_CONTEXT("B " << k.B << " T " << k.T << " H " << k.H) {
+                k.KV, ey, el, ed);
+    BOOST_TEST_CONTEXT("B " << k.B << " T " << k.T << " H " << k.H << " KV " << k.KV) {
       BOOST_TEST(ey <= tol);
       BOOST_TEST(el <= tol);
       BOOST_TEST(ed <= tol);
@@ -166,7 +173,7 @@ void check_attention(bool flash, double tol, bool deterministic = false) {
 BOOST_AUTO_TEST_CASE(exact_attention_matches_float64) { check_attention<float>(false, 2e-6); }
 
 BOOST_AUTO_TEST_CASE(flash_attention_matches_float64_within_bf16) {
-  BOOST_REQUIRE(gpt::flash::supported());
+  BOOST_REQUIRE(trainer_kit::flash::supported());
   // P and dS are rounded to bf16 (2^-9 relative) before their products.
   check_attention<bf16>(true, 1e-2);
 }
@@ -177,12 +184,12 @@ BOOST_AUTO_TEST_CASE(exact_attention_in_a_fixed_order_matches_float64) {
 }
 
 BOOST_AUTO_TEST_CASE(flash_attention_in_a_fixed_order_matches_float64) {
-  BOOST_REQUIRE(gpt::flash::supported());
+  BOOST_REQUIRE(trainer_kit::flash::supported());
   check_attention<bf16, bf16>(true, 1e-2, true);
 }
 
 BOOST_AUTO_TEST_CASE(flash_attention_reads_bf16_inputs) {
-  BOOST_REQUIRE(gpt::flash::supported());
+  BOOST_REQUIRE(trainer_kit::flash::supported());
   // What the bf16 trainer runs: q, k, v and dy kept in bf16 (bf16-exact here, so the same tolerance).
   check_attention<bf16, bf16>(true, 1e-2);
 }
@@ -190,30 +197,31 @@ BOOST_AUTO_TEST_CASE(flash_attention_reads_bf16_inputs) {
 // cuDNN's fused attention (the trainer's default where the build has cuDNN):
 // bf16 in and out, softmax statistics (B, H, T) against the reference's lse.
 BOOST_AUTO_TEST_CASE(cudnn_attention_matches_float64_within_bf16) {
-  if (!gpt::cudnn_attention::compiled()) {
-    std::printf("attention cudnn: not in this build (%s)\n", gpt::cudnn_attention::version().c_str());
+  if (!trainer_kit::cudnn_attention::compiled()) {
+    std::printf("attention cudnn: not in this build (%s)\n", trainer_kit::cudnn_attention::version().c_str());
     return;
   }
   std::mt19937 g(43);
   constexpr int hd = 64;
-  std::printf("attention cudnn: %s\n", gpt::cudnn_attention::version().c_str());
+  std::printf("attention cudnn: %s\n", trainer_kit::cudnn_attention::version().c_str());
   for (const auto& k : cases) {
-    const std::size_t d = std::size_t(k.H) * hd, n = std::size_t(k.B) * std::size_t(k.T);
-    const auto qkv = normal(n * 3 * d, g, 1.5, true), dy = normal(n * d, g, 1.0, true);
+    const std::size_t d = std::size_t(k.H) * hd, n = std::size_t(k.B) * std::size_t(k.T),
+                      row = std::size_t(k.H + 2 * k.KV) * hd;
+    const auto qkv = normal(n * row, g, 1.5, true), dy = normal(n * d, g, 1.0, true);
     if (k.T == 1) {  // cuDNN refuses one-token sequences: a tessera: error, which the trainer's auto turns into flash
-      BOOST_CHECK_EXCEPTION(gpt::cudnn_attention(k.B, k.T, k.H, hd), tessera::error, [](const tessera::error& e) {
+      BOOST_CHECK_EXCEPTION(trainer_kit::cudnn_attention(k.B, k.T, k.H, k.KV, hd), tessera::error, [](const tessera::error& e) {
         std::printf("attention cudnn B 1 T 1: refused (%s)\n", e.what());
         return std::string(e.what()).find("cuDNN attention") != std::string::npos;
       });
       continue;
     }
-    const attention_ref ref(qkv, dy, k.B, k.T, k.H, hd);
+    const attention_ref ref(qkv, dy, k.B, k.T, k.H, k.KV, hd);
     auto as_bf16 = [](const std::vector<float>& v) { return std::vector<bf16>(v.begin(), v.end()); };
     auto dq = to_device(as_bf16(qkv));
     auto ddy = to_device(as_bf16(dy));
-    dbuf<bf16> y(n * d), dqkv(n * 3 * d);
+    dbuf<bf16> y(n * d), dqkv(n * row);
     dbuf<float> stats(n * std::size_t(k.H));
-    const gpt::cudnn_attention att(k.B, k.T, k.H, hd);
+    const trainer_kit::cudnn_attention att(k.B, k.T, k.H, k.KV, hd);
     att.forward(dq.data(), y.data(), stats.data(), nullptr);
     att.backward(ddy.data(), dq.data(), y.data(), stats.data(), dqkv.data(), nullptr);
     device_sync();
@@ -225,8 +233,8 @@ BOOST_AUTO_TEST_CASE(cudnn_attention_matches_float64_within_bf16) {
         for (int t = 0; t < k.T; ++t)
           lse[(std::size_t(b) * k.T + t) * k.H + h] = st[(std::size_t(b) * k.H + h) * k.T + t];
     const double ey = rel_error(to_host(y), ref.y), el = rel_error(lse, ref.lse), ed = rel_error(to_host(dqkv), ref.dqkv);
-    std::printf("attention cudnn bf16 B %d T %d H %d: y %.2e, lse %.2e, dqkv %.2e (relative to the largest value)\n",
-                k.B, k.T, k.H, ey, el, ed);
+    std::printf("attention cudnn bf16 B %d T %d H %d KV %d: y %.2e, lse %.2e, dqkv %.2e (relative to the largest value)\n",
+                k.B, k.T, k.H, k.KV, ey, el, ed);
     BOOST_TEST_CONTEXT("B " << k.B << " T " << k.T << " H " << k.H) {
       BOOST_TEST(ey <= 1e-2);
       BOOST_TEST(el <= 1e-2);
@@ -235,7 +243,7 @@ BOOST_AUTO_TEST_CASE(cudnn_attention_matches_float64_within_bf16) {
     // --deterministic: cuDNN's deterministic backward where it has one for the
     // shape (else the trainer runs flash's fixed-order form: said, not failed).
     try {
-      const gpt::cudnn_attention det(k.B, k.T, k.H, hd, true);
+      const trainer_kit::cudnn_attention det(k.B, k.T, k.H, k.KV, hd, true);
       auto backward = [&] {
         det.backward(ddy.data(), dq.data(), y.data(), stats.data(), dqkv.data(), nullptr);
         device_sync();
@@ -346,22 +354,24 @@ BOOST_AUTO_TEST_CASE(layernorm_forward_and_backward_match_float64) {
   }
 }
 
-// The bias gradients' column sums (the products' separate forms): atomics
-// per block of 256 rows, and in row order (a partial sum per block, added in
-// block order) with the same bits twice; the loss per row summed by one block.
+// The bias gradients' column sums (the products' separate forms; the kit's):
+// atomics per block of 256 rows, and in a fixed order (partial sums over
+// slices of rows, added in slice order) with the same bits twice; the loss
+// per row summed by one block.
 BOOST_AUTO_TEST_CASE(column_sums_and_loss_in_a_fixed_order) {
   std::mt19937 g(47);
   for (const auto& [n, cols] : {std::pair{1000, 300}, std::pair{257, 2304}, std::pair{1, 5}}) {
     BOOST_TEST_CONTEXT("n " << n << " cols " << cols) {
       const auto y = normal(std::size_t(n) * std::size_t(cols), g, 1.0), start = normal(std::size_t(cols), g, 1.0);
       auto dy = to_device(y);
-      dbuf<float> partial(gpt::workspace::column_sum_partial_floats(std::size_t(n), std::size_t(cols)));
+      dbuf<float> partial(gpt::kernels::column_scratch_floats(cols));
       std::vector<double> ref(start.begin(), start.end());
       for (int r = 0; r < n; ++r)
         for (int c = 0; c < cols; ++c) ref[std::size_t(c)] += y[std::size_t(r) * cols + c];
       auto sum = [&](bool ordered) {
         auto out = to_device(start);
-        gpt::kernels::column_sum(dy.data(), n, cols, out.data(), ordered ? partial.data() : nullptr, nullptr);
+        if (ordered) gpt::kernels::column_sums(dy.data(), n, cols, out.data(), false, partial.span(), nullptr);
+        else gpt::kernels::column_add_atomic(dy.data(), n, cols, out.data(), nullptr);
         device_sync();
         return to_host(out);
       };
@@ -456,9 +466,9 @@ BOOST_AUTO_TEST_CASE(cross_entropy_of_gpt2_rows_cached_and_streamed) {
   check_cross_entropy<float>(1e-5, 3, 65000, 65536, true);
 }
 
-// gelu_kernel (the backward's recompute) against float64: bf16 in and out 8
-// at a time, a tail that is not a multiple of 8, a misaligned start (one at a
-// time), and fp32.
+// The kit's GELU (the backward's recompute) against float64: bf16 in and out
+// 8 at a time, a tail that is not a multiple of 8, a misaligned start (one at
+// a time), and fp32.
 template <class C>
 void check_gelu(std::size_t total, std::size_t offset, double tol) {
   std::mt19937 g(46);
@@ -466,15 +476,14 @@ void check_gelu(std::size_t total, std::size_t offset, double tol) {
   std::vector<C> hc(h.begin(), h.end());
   auto dh = to_device(hc);
   dbuf<C> da(total + offset);
-  gpt::kernels::gelu_kernel<C, C><<<gpt::kernels::grid(total), 256>>>(dh.data() + offset, da.data() + offset, total);
-  TESSERA_CUDA(cudaGetLastError());
+  gpt::kernels::gelu(dh.data() + offset, da.data() + offset, total, nullptr);
   device_sync();
   const auto a = to_host(da);
   std::vector<double> ref(total);
   std::vector<C> got(total);
   for (std::size_t i = 0; i < total; ++i) {
     const double x = h[offset + i];
-    ref[i] = 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+    ref[i] = tessera_test::gelu64(x);
     got[i] = a[offset + i];
   }
   BOOST_TEST(rel_error(got, ref) <= tol);
@@ -498,8 +507,7 @@ BOOST_AUTO_TEST_CASE(embedding_backward_sums_repeated_tokens) {
   dbuf<float> gwte(std::size_t(V) * D), gwpe(std::size_t(seq) * D);
   TESSERA_CUDA(cudaMemset(gwte.data(), 0, gwte.size() * sizeof(float)));
   TESSERA_CUDA(cudaMemset(gwpe.data(), 0, gwpe.size() * sizeof(float)));
-  gpt::kernels::embed_backward_kernel<float><<<16, 256>>>(ddx.data(), dtok.data(), gwte.data(), gwpe.data(), n, seq, D);
-  TESSERA_CUDA(cudaGetLastError());
+  trainer_kit::kernels::embed_backward(ddx.data(), dtok.data(), gwte.data(), gwpe.data(), n, seq, D, nullptr);
   device_sync();
   std::vector<double> rte(gwte.size(), 0.0), rpe(gwpe.size(), 0.0);
   for (std::size_t i = 0; i < n; ++i)
@@ -511,7 +519,7 @@ BOOST_AUTO_TEST_CASE(embedding_backward_sums_repeated_tokens) {
   BOOST_TEST(rel_error(to_host(gwpe), rpe) <= 1e-6);
   // --deterministic: positions in sequence order, tokens grouped on the host (a
   // vocabulary of 7 padded to 128, as the trainer pads it), the same bits twice.
-  gpt::kernels::token_groups groups;
+  trainer_kit::token_groups<std::uint16_t> groups;
   groups.build(tok.data(), n, 128);
   BOOST_TEST(groups.groups <= V);
   // The same layout for any tokens of n rows (a step graph replays backward() on the next micro-batch's).
@@ -520,7 +528,7 @@ BOOST_AUTO_TEST_CASE(embedding_backward_sums_repeated_tokens) {
   auto ordered = [&] {
     TESSERA_CUDA(cudaMemset(gwte.data(), 0, gwte.size() * sizeof(float)));
     TESSERA_CUDA(cudaMemset(gwpe.data(), 0, gwpe.size() * sizeof(float)));
-    gpt::kernels::position_backward_kernel<float><<<4, 256>>>(ddx.data(), gwpe.data(), int(n / seq), seq, D);
+    trainer_kit::kernels::position_backward_kernel<float><<<4, 256>>>(ddx.data(), gwpe.data(), int(n / seq), seq, D);
     groups.backward(ddx.data(), dgroups.data(), gwte.data(), D, nullptr);
     TESSERA_CUDA(cudaGetLastError());
     device_sync();

@@ -6,6 +6,7 @@
 #include "common/mpi_test_main.hpp"
 #include "common/util.hpp"
 #include "common/cuda_util.cuh"
+#include "common/reference.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -31,11 +32,8 @@ template <class T> std::vector<T> random_vec(std::size_t n, std::mt19937& g, dou
   for (auto& x : v) x = convert<T>(d(g));
   return v;
 }
-double gelu64(double x) { return 0.5 * x * (1 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
-double gelu_grad64(double x) {
-  const double t = std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x));
-  return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * 0.7978845608028654 * (1 + 3 * 0.044715 * x * x);
-}
+using tessera_test::gelu64;
+using tessera_test::gelu_grad64;
 // Row-major op(A)[m,k] op(B)[k,n] in float64, and the matching sum of |terms| (the error scale).
 template <class T>
 void ref_product(bool ta, bool tb, int m, int n, int k, const std::vector<T>& a, const std::vector<T>& b,
@@ -215,7 +213,7 @@ BOOST_AUTO_TEST_CASE(add_bias_vector_and_element_paths_match_host) {
     using T = decltype(zero);
     const auto y0 = random_vec<T>(std::size_t(n) * cols + offset, g), b = random_vec<T>(std::size_t(cols), g);
     auto dy = to_device(y0), db = to_device(b);
-    mlp_lm::gpu::add_bias(dy.data() + offset, db.data(), n, cols);
+    mlp_lm::gpu::add_bias(dy.data() + offset, db.data(), std::size_t(n), cols);
     const auto got = to_host(dy);
     long wrong = 0;
     for (std::size_t i = 0; i < got.size(); ++i) {
@@ -242,12 +240,12 @@ BOOST_AUTO_TEST_CASE(separate_epilogue_kernels_match_float64) {
   const auto da0 = random_vec<float>(std::size_t(n) * cols, g);
   auto dh = to_device(h0), dbias = to_device(b), dda = to_device(da0);
   dbuf<float> act(h0.size());
-  mlp_lm::gpu::bias_gelu(dh.data(), dbias.data(), n, cols, act.data());
-  mlp_lm::gpu::dgelu(dda.data(), dh.data(), h0.size());
+  mlp_lm::gpu::bias_gelu(dh.data(), dbias.data(), act.data(), std::size_t(n), cols);
+  mlp_lm::gpu::gelu_backward(dda.data(), dh.data(), dda.data(), h0.size());
   auto y = to_device(h0);
-  mlp_lm::gpu::add_bias(y.data(), dbias.data(), n, cols);
+  mlp_lm::gpu::add_bias(y.data(), dbias.data(), std::size_t(n), cols);
   dbuf<float> again(h0.size());  // the recomputation backward does from the kept GELU input
-  mlp_lm::gpu::gelu_of(dh.data(), h0.size(), again.data());
+  mlp_lm::gpu::gelu(dh.data(), again.data(), h0.size());
   const auto gh = to_host(dh), ga = to_host(act), gda = to_host(dda), gy = to_host(y), gr = to_host(again);
   double worst = 0;
   for (std::size_t i = 0; i < h0.size(); ++i) {
@@ -270,7 +268,7 @@ BOOST_AUTO_TEST_CASE(softmax_cross_entropy_matches_float64) {
     dbuf<unsigned long long> loss{1};  // fixed point, units of 2^-32 nats
     ops::fill(loss.span(), 0ull);
     const float scale = 1.0f / 3;
-    mlp_lm::gpu::softmax_xent(dz.data(), dt.data(), n, scale, loss.data());
+    mlp_lm::gpu::softmax_xent<mlp_lm::gpu::vocab>(dz.data(), dt.data(), n, scale, loss.data());
     const auto got = to_host(dz);
     double want_loss = 0, worst = 0;
     for (int j = 0; j < n; ++j) {
@@ -405,7 +403,7 @@ BOOST_AUTO_TEST_CASE(gelu_recomputation_matches_float64_vectorised_or_not) {
     auto dh = to_device(h);
     dbuf<bf16> a(n + 1);
     for (std::size_t off : {std::size_t(0), std::size_t(1)}) {  // 1: misaligned, so the scalar form runs
-      mlp_lm::gpu::gelu_of(dh.data() + off, n, a.data() + off);
+      mlp_lm::gpu::gelu(dh.data() + off, a.data() + off, n);
       const auto got = to_host(a);
       double worst = 0;
       for (std::size_t i = 0; i < n; ++i) {

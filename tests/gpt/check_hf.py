@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The way out of Tessera: tessera-gpt trains a small GPT-2 on the GPU
-(bf16), tools/export_hf_gpt2.py writes its weights as a Hugging Face
+(bf16), tools/hf_export.py writes its weights as a Hugging Face
 GPT2LMHeadModel directory, and transformers' model, loaded from it alone,
 gives the trainer's validation loss (its logits through cross-entropy on the
 same windows) within bf16 rounding of the trainer's bf16 forward, and within

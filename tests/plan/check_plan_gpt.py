@@ -17,6 +17,8 @@ import re
 import subprocess
 import sys
 
+from plan_vs_trainer import plan_json, trainer_vs_planner
+
 mpiexec, trainer, planner, results = sys.argv[1:5]
 model = ['--layers', '2', '--heads', '4', '--d', '64', '--seq', '32', '--vocab', '300']
 cases = [  # ranks, flags both programs take
@@ -30,39 +32,8 @@ cases = [  # ranks, flags both programs take
     (2, ['--wrapper', 'fsdp', '--strategy', 'optim_grads_params', '--precision', 'bf16', '--batch', '2',
          '--deterministic', '--accum', '2']),
 ]
-env = dict(os.environ, OPENBLAS_NUM_THREADS='1')
-fail = 0
-
-
-def plan(np_, flags):
-    # The planner takes the trainer's flags except the training-only ones.
-    skip = {'--accum'}
-    fl, i = [], 0
-    while i < len(flags):
-        if flags[i] in skip:
-            i += 2
-            continue
-        fl.append(flags[i])
-        i += 1
-    res = subprocess.run([planner, 'memory', '--gpus', str(np_), '--json'] + fl, capture_output=True, text=True)
-    if res.returncode != 0:
-        sys.exit(f'tessera-plan {fl} exited {res.returncode}: {res.stderr}')
-    return json.loads(res.stdout)
-
-
-for np_, flags in cases:
-    run = subprocess.run([mpiexec, '--oversubscribe', '--bind-to', 'none', '-np', str(np_), trainer, '--backend', 'host',
-                          '--steps', '1', '--json'] + model + flags, capture_output=True, text=True, env=env, timeout=300)
-    if run.returncode != 0:
-        sys.exit(f'tessera-gpt {flags} at {np_} ranks exited {run.returncode}:\n{run.stdout}\n{run.stderr}')
-    summary = [json.loads(l) for l in run.stdout.splitlines() if l.startswith('{') and '"summary"' in l][-1]
-    p = plan(np_, ['--model', 'gpt', '--backend', 'host'] + model + flags)
-    # ... and the host's library-counted peak is that estimate (bf16's widened units included).
-    ok = (p['total_bytes'] == summary['estimated_bytes'] == summary['peak_bytes'] and
-          p['params'] == summary['params'])
-    fail += not ok
-    print(f'{"ok  " if ok else "FAIL"} np{np_} {" ".join(flags)}: planner {p["total_bytes"]} B, trainer '
-          f'{summary["estimated_bytes"]} B, peak {summary["peak_bytes"]} B (activations {p["activations_bytes"]})')
+fail = trainer_vs_planner(mpiexec, trainer, planner, ['--model', 'gpt'] + model, cases)
+plan = lambda np_, flags: plan_json(planner, np_, flags)
 
 # The CUDA count against an H200's measured peaks: tessera-gpt's JSON summaries
 # of the newest GPT-2 speed run (its date and tag; the net as it is now), batch

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""tessera-mlp-lm and tessera-gpt --deterministic give the same bits at any world size,
+"""tessera-mlp-lm, tessera-gpt and tessera-llama --deterministic give the same bits at any world size,
 strategy and wrapper: for one precision, every valid strategy x wrapper at
 1, 2, 3, 4 and 6 ranks (gradient accumulation and clipping on) dumps
 byte-identical weights (compared with cmp) and prints identical loss and
@@ -27,11 +27,14 @@ trainer = os.path.abspath(trainer)  # one run works in another directory
 extra = [os.path.abspath(v) if i and extra[i - 1] in ('--data', '--val-data') else v for i, v in enumerate(extra)]
 env = dict(os.environ, OPENBLAS_NUM_THREADS='1')
 STEPS = 6
-gpt = 'gpt' in os.path.basename(trainer)
+name = os.path.basename(trainer)
+gpt = 'gpt' in name or 'llama' in name  # the sequence models: --batch, --accum, a cosine schedule
 run_flags = ['--steps', str(STEPS), '--log-every', '1', '--clip', '0.3', '--precision', precision, '--json'] + extra
 if gpt:
     # TESSERA_DET_GPT_SHAPE: another shape (e.g. head dimension 64 for the GPU's flash kernels).
-    shape = os.environ.get('TESSERA_DET_GPT_SHAPE', '--layers 2 --heads 2 --d 32 --seq 16').split()
+    default_shape = ('--layers 2 --heads 4 --kv-heads 2 --d 32 --ffn 48 --seq 16' if 'llama' in name
+                     else '--layers 2 --heads 2 --d 32 --seq 16')
+    shape = os.environ.get('TESSERA_DET_GPT_SHAPE', default_shape).split()
     common = shape + ['--batch', '2', '--lr', '3e-3'] + run_flags
     det = ['--deterministic', '--accum', '12']  # 12 micro-batches: every world size below divides them
     # The default path on the same sequences: 12 micro-batches at 1 rank, 4 a rank at 3.

@@ -61,7 +61,7 @@ for np in 2 3; do
   done
 done
 text=$(mktemp)
-cat "$here"/../../README.md "$here"/../../include/tessera/*/*.hpp "$here"/../../examples/mlp_lm/*.* "$here"/../../examples/mlp_lm/include/mlp_lm/* > "$text"
+cat "$here"/../../README.md "$here"/../../include/tessera/*/*.hpp "$here"/../../examples/mlp_lm/*.* "$here"/../../models/include/mlp_lm/* > "$text"
 same "bf16 np2 on real text, 2 micro-batches: the loss falls" 2e-2 bf16 2 "--strategy optim_grads_params" \
   --data "$text" --steps 60 --accum 2
 rm -f "$text"

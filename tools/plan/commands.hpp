@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "gpt/model.hpp"
+#include "llama/model.hpp"
 #include "mlp_lm/planning.hpp"
 #include "mlp_lm/topology_json.hpp"
 
@@ -76,6 +77,16 @@ struct gpt_model {
 };
 //! tessera-gpt's bytes per rank (gpt.cpp).
 estimate gpt_estimate(const options& o, const gpt_model& g);
+
+//! tessera-llama's model for `memory --model`: a preset or the shape flags.
+struct llama_model {
+  std::string name;  // llama3.2-1b, llama3.2-3b, llama3.1-8b, or llama (the shape from the flags)
+  llama::model_shape shape;
+  int batch = 4;
+  bool recompute = false;
+};
+//! tessera-llama's bytes per rank (llama.cpp).
+estimate llama_estimate(const options& o, const llama_model& l);
 
 int cmd_calibrate(const std::vector<std::string>& colls, const std::vector<std::string>& trains, int gpus_per_node,
                   const std::string& out, const std::string& name);

@@ -2,6 +2,7 @@
 //
 //   tessera-plan memory    MODEL --gpus N [CONFIG] [--gpu-memory GiB] [--json]
 //   tessera-plan memory    --model gpt2|gpt2-medium|gpt2-large|gpt2-xl|gpt --batch B --gpus N [CONFIG] (tessera-gpt)
+//   tessera-plan memory    --model llama3.2-1b|llama3.2-3b|llama3.1-8b|llama --batch B --gpus N [CONFIG] (tessera-llama)
 //   tessera-plan predict   MODEL --gpus N [CONFIG] [--topology FILE] [--json]
 //   tessera-plan sweep     MODEL --tokens-per-gpu T [--gpus-list 8,...,4096] [--shard-groups 8,64] [--topology FILE]
 //                          [--json-out FILE]
@@ -68,7 +69,7 @@ void add_config(CLI::App* a, options& o) {
   a->add_flag("--lend-grad-shards", o.lend_grad_shards,
               "gradient shards in the CUDA trainer's activations (wrapper_options::lend_grad_shards)");
   a->add_flag("--copy-engine-gathers", o.copy_engine_gathers, "all-gathers on copy engines (take no SMs)");
-  mlp_lm::add_offload_options(*a, o.offload, o.offload_update);
+  trainer_kit::add_offload_options(*a, o.offload, o.offload_update);
   a->add_option("--backend", o.backend, "whose activations: cuda (the GPU trainer) or host")
       ->check(CLI::IsMember({"cuda", "host"}));
   a->add_flag("--deterministic", o.deterministic, "exact_reduction with fixed micro-batches (the trainer's --deterministic)");
@@ -138,6 +139,8 @@ int cmd_gpt_memory(options& o, gpt_model& g, const CLI::App& a) {
     if (!a.count("--d")) o.d = gpt::model_shape{}.d;
     g.shape.layers = o.layers, g.shape.d = o.d;
   }
+  if (g.shape.vocab > 65536)  // tessera-gpt's tokens are 16-bit (llm.c's GPT-2 shards)
+    throw tessera::error("--vocab " + std::to_string(g.shape.vocab) + " is over tessera-gpt's 65536 (16-bit tokens)");
   if (const std::string e = gpt::resolve_shape(g.name == "gpt" ? "" : g.name, g.shape,
                                                [&](const char* f) { return a.count(f) > 0; });
       !e.empty())
@@ -147,6 +150,33 @@ int cmd_gpt_memory(options& o, gpt_model& g, const CLI::App& a) {
     throw tessera::error("--shard-group " + std::to_string(S) + " does not divide --gpus " + std::to_string(o.gpus));
   if (o.outer == "optim" && o.shard_group == 0) throw tessera::error("--outer optim needs --shard-group");
   return print_memory(o, gpt_estimate(o, g));
+}
+
+//! tessera-llama's memory: the model from --model and the shape flags (those
+//! tessera-gpt shares, --heads --seq --max-seq --vocab, read through `g`).
+int cmd_llama_memory(options& o, llama_model& l, const gpt_model& g, const CLI::App& a) {
+  if (a.count("--keep-gelu")) throw tessera::error("--keep-gelu is tessera-gpt's; tessera-llama keeps no GELU");
+  llama::model_shape& s = l.shape;  // tessera-llama's defaults where a flag is not given
+  const llama::model_shape d;
+  s.layers = a.count("--layers") ? o.layers : d.layers;
+  s.d = a.count("--d") ? o.d : d.d;
+  s.heads = a.count("--heads") ? g.shape.heads : d.heads;
+  s.seq = a.count("--seq") ? g.shape.seq : d.seq;
+  s.max_seq = a.count("--max-seq") ? g.shape.max_seq : d.max_seq;
+  s.vocab = a.count("--vocab") ? g.shape.vocab : d.vocab;
+  // The rotary flags (tessera-llama's) do not change the bytes: the planner takes none of them.
+  const auto given = [&](const char* f) {
+    const CLI::Option* opt = a.get_option_no_throw(f);
+    return opt != nullptr && opt->count() > 0;
+  };
+  if (const std::string e = llama::resolve_shape(l.name == "llama" ? "" : l.name, s, given);
+      !e.empty())
+    throw tessera::error(e);
+  const int S = o.shard_group > 0 ? o.shard_group : o.gpus;
+  if (o.gpus % S != 0)
+    throw tessera::error("--shard-group " + std::to_string(S) + " does not divide --gpus " + std::to_string(o.gpus));
+  if (o.outer == "optim" && o.shard_group == 0) throw tessera::error("--outer optim needs --shard-group");
+  return print_memory(o, llama_estimate(o, l));
 }
 
 int cmd_predict(const options& o, const topology& t) {
@@ -331,14 +361,23 @@ int main(int argc, char** argv) {
   }
   for (CLI::App* a : {mem, pre, bst}) a->add_option("--gpus", o.gpus, "ranks in all")->check(CLI::Range(1, 1 << 20));
   gpt_model g;
-  mem->add_option("--model", g.name, "tessera-gpt's model instead of the MLP: gpt2, gpt2-medium, gpt2-large, gpt2-xl, "
-                                     "or gpt (the shape from --layers --heads --d --seq --vocab)")
-      ->check(CLI::IsMember({"gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt"}));
+  llama_model l;
+  mem->add_option("--model", g.name,
+                  "a sequence model instead of the MLP: tessera-gpt's gpt2, gpt2-medium, gpt2-large, gpt2-xl, or gpt "
+                  "(the shape from --layers --heads --d --seq --vocab); tessera-llama's llama3.2-1b, llama3.2-3b, "
+                  "llama3.1-8b, or llama (the shape from the flags, --kv-heads --ffn --head-dim --tie-embeddings too)")
+      ->check(CLI::IsMember({"gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt", "llama3.2-1b", "llama3.2-3b",
+                             "llama3.1-8b", "llama"}));
+  mem->add_option("--kv-heads", l.shape.kv_heads, "--model llama: key and value heads")->check(CLI::Range(1, 1 << 10));
+  mem->add_option("--ffn", l.shape.ffn, "--model llama: the SwiGLU MLP's width")->check(CLI::Range(1, 1 << 18));
+  mem->add_option("--head-dim", l.shape.head_dim_, "--model llama: head dimension (default --d / --heads)")
+      ->check(CLI::Range(0, 1024));
+  mem->add_flag("--tie-embeddings", l.shape.tie_embeddings, "--model llama: the head is the token table");
   mem->add_option("--heads", g.shape.heads, "--model: attention heads")->check(CLI::Range(1, 1 << 10));
   mem->add_option("--seq", g.shape.seq, "--model: tokens per sequence")->check(CLI::Range(1, 1 << 16));
   mem->add_option("--max-seq", g.shape.max_seq, "--model: rows of the position table (default --seq)")
       ->check(CLI::Range(0, 1 << 16));
-  mem->add_option("--vocab", g.shape.vocab, "--model: vocabulary")->check(CLI::Range(2, 65536));
+  mem->add_option("--vocab", g.shape.vocab, "--model: vocabulary")->check(CLI::Range(2, 1 << 24));
   mem->add_option("--batch", g.batch, "--model: sequences per micro-batch per rank")->check(CLI::Range(1, 1 << 20));
   mem->add_flag("--recompute", g.recompute, "--model: per-block activation recompute");
   mem->add_flag("--keep-gelu", g.keep_gelu, "--model: every block's GELU output kept for backward (--backend cuda)");
@@ -374,6 +413,12 @@ int main(int argc, char** argv) {
     const topology t = mlp_lm::planning::read_topology(topo);
     if (col->parsed()) return cmd_collective(t, op, bytes, gpus_list, o.json);
     if (swp->parsed()) return cmd_sweep(o, t, tokens_per_gpu, gpus_list, groups_list, out);
+    if (mem->parsed() && g.name.rfind("llama", 0) == 0) {
+      l.name = g.name, l.batch = g.batch, l.recompute = g.recompute;
+      return cmd_llama_memory(o, l, g, *mem);
+    }
+    for (const char* f : {"--kv-heads", "--ffn", "--head-dim", "--tie-embeddings"})
+      if (mem->count(f)) throw tessera::error(std::string(f) + " describes tessera-llama's model; give --model llama too");
     if (mem->parsed() && !g.name.empty()) return cmd_gpt_memory(o, g, *mem);
     for (const char* f : {"--heads", "--seq", "--max-seq", "--vocab", "--batch", "--recompute", "--keep-gelu"})
       if (mem->count(f)) throw tessera::error(std::string(f) + " describes tessera-gpt's model; give --model too");

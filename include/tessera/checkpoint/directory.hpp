@@ -105,18 +105,29 @@ struct rank_reader {
   std::string name;
 };
 
-//! Opens rank file q (checking existence and size, open_rank_file) and parses its header.
-[[nodiscard]] inline rank_reader open_rank_reader(const index_info& x, const fs::path& dir, int q, const std::string& where) {
-  const auto& fi = x.files.at(std::size_t(q));
-  in_file f = open_rank_file(x, dir, q, where);
+//! Reads and parses the safetensors header of an open file (its length,
+//! then that many bytes, bounded by max_header_bytes); `what` names it in
+//! errors. The header's bytes go to `bytes` where given (a checksum's input).
+[[nodiscard]] inline st_header read_safetensors_header(const in_file& f, const std::string& what,
+                                                       std::vector<unsigned char>* bytes = nullptr) {
   std::vector<unsigned char> head(std::size_t(std::min<std::uint64_t>(f.size(), 8)));
   f.read(0, head.data(), head.size());
   std::uint64_t n = 0;
   for (int i = int(head.size()) - 1; i >= 0; --i) n = (n << 8) | head[std::size_t(i)];
   head.resize(std::size_t(std::min<std::uint64_t>(f.size(), 8 + std::min(n, max_header_bytes))));
   f.read(0, head.data(), head.size());
-  const std::string what = where + ": file '" + fi.name + "'";
   st_header h = parse_safetensors_header(head, f.size(), what);
+  if (bytes) *bytes = std::move(head);
+  return h;
+}
+
+//! Opens rank file q (checking existence and size, open_rank_file) and parses its header.
+[[nodiscard]] inline rank_reader open_rank_reader(const index_info& x, const fs::path& dir, int q, const std::string& where) {
+  const auto& fi = x.files.at(std::size_t(q));
+  in_file f = open_rank_file(x, dir, q, where);
+  const std::string what = where + ": file '" + fi.name + "'";
+  std::vector<unsigned char> head;
+  st_header h = read_safetensors_header(f, what, &head);
   // The header names this checkpoint: a file copied from another step or
   // world, or a flipped bit in its metadata, is refused.
   const auto meta = [&](const std::string& k) {

@@ -1,0 +1,69 @@
+#pragma once
+// What a reference trainer writes into a checkpoint besides the weights and
+// the optimizer (checkpoint::save_options::extra), and what it checks when it
+// resumes: where the data stream is (next_step, seed), which model wrote it
+// (the program and the model's own configuration: identity), and what the
+// data stream depends on (the model's position fields, checked by the model).
+// A checkpoint of another model, or of another configuration of this one that
+// happens to have the same tensor shapes (GPT-2 with another head count), is
+// refused with the flag that differs, not resumed into a different network.
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+
+#include "tessera/core/error.hpp"
+
+namespace trainer_kit {
+
+//! x[k] as an integer in [lo, hi], or a tessera error naming the checkpoint
+//! and the field (not a json exception, not a run that resumes at step -5).
+inline long long resume_field(const nlohmann::json& x, const std::string& path, const char* k, long long lo, long long hi,
+                              const char* program) {
+  if (!x.contains(k) || !x[k].is_number_integer() || x[k].get<long long>() < lo || x[k].get<long long>() > hi)
+    throw tessera::error("checkpoint '" + path + "': field '" + k + "' is " +
+                         (!x.contains(k) ? std::string("missing")
+                          : x[k].is_number_integer() ? std::to_string(x[k].get<long long>())
+                                                     : std::string(x[k].type_name())) +
+                         ", expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                         "] (not written by " + program + "?)");
+  return x[k].get<long long>();
+}
+
+//! The fields every trainer's checkpoints carry: the next step, the seed, the
+//! program that wrote it and the model's identity (its configuration, as the
+//! flags name it), then the model's position fields.
+inline nlohmann::json checkpoint_extra(const char* program, long next_step, std::uint64_t seed, const std::string& data,
+                                       const nlohmann::json& identity, const nlohmann::json& position) {
+  nlohmann::json x{{"next_step", next_step}, {"seed", seed}, {"data", data}, {"model", program}};
+  for (const auto& [k, v] : identity.items()) x[k] = v;
+  for (const auto& [k, v] : position.items()) x[k] = v;
+  return x;
+}
+
+//! Checks what every trainer's checkpoint must hold to be resumed by
+//! `program` with this identity: next_step and seed in range, the program
+//! that wrote it (where it says), and each identity field it records equal to
+//! this run's (a field it does not record is not compared: checkpoints
+//! written before the field existed still load). Returns next_step.
+inline long check_resume_common(const nlohmann::json& x, const std::string& path, const char* program,
+                                const nlohmann::json& identity) {
+  const long next = long(resume_field(x, path, "next_step", 0, 1LL << 40, program));
+  if (!x.contains("seed") || !x["seed"].is_number_unsigned())
+    throw tessera::error("checkpoint '" + path + "': field 'seed' is missing or not a non-negative integer");
+  if (x.contains("model") && (!x["model"].is_string() || x["model"].get<std::string>() != program))
+    throw tessera::error("checkpoint '" + path + "' was written by " +
+                         (x["model"].is_string() ? x["model"].get<std::string>() : std::string("another program")) +
+                         ", not " + program + ": it holds another model");
+  for (const auto& [k, v] : identity.items())
+    if (x.contains(k) && x[k] != v) {
+      std::string flag = "--" + k;  // the field's flag: max_seq is --max-seq
+      for (char& c : flag) c = c == '_' ? '-' : c;
+      throw tessera::error("checkpoint '" + path + "' holds a model with " + flag + " " + x[k].dump() + "; this run has " +
+                           flag + " " + v.dump() + ": resume with " + flag + " " + x[k].dump() + " (its tensors would "
+                           "load, into another network)");
+    }
+  return next;
+}
+
+}  // namespace trainer_kit
