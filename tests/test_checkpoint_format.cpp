@@ -17,6 +17,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "tessera/checkpoint/consolidate.hpp"
+#include "tessera/checkpoint/directory.hpp"
 #include "tessera/checkpoint/index.hpp"
 #include "tessera/checkpoint/io.hpp"
 #include "tessera/checkpoint/pipeline.hpp"
@@ -195,6 +197,61 @@ BOOST_AUTO_TEST_CASE(index_checksum_covers_every_field) {
     edit(j);
     expect_error([&] { (void)parse_index(j.dump(1), "i"); }, "does not match its checksum");
   }
+}
+
+// A checkpoint's lineage (the run it belongs to) is in the index, under its
+// checksum, and keep's view of a root (lineage_checkpoints) holds only that
+// lineage's steps: another run's in the same root, an index without a
+// lineage and a damaged index are never counted as this run's.
+BOOST_AUTO_TEST_CASE(lineage_is_recorded_and_keep_sees_only_its_own) {
+  index_info x = parse_index(signed_text(good_index), "i");
+  BOOST_TEST(x.lineage.empty());
+  BOOST_TEST(index_text(x).find("lineage") == std::string::npos);  // none given: the index as before
+  x.lineage = "0123456789abcdef";
+  const std::string text = index_text(x);
+  BOOST_TEST(parse_index(text, "i").lineage == "0123456789abcdef");
+  nlohmann::json j = nlohmann::json::parse(text);
+  j["lineage"] = "fedcba9876543210";
+  expect_error([&] { (void)parse_index(j.dump(1), "i"); }, "does not match its checksum");
+
+  const auto root = std::filesystem::temp_directory_path() / ("tessera-lineage-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(root);
+  const auto put = [&](long step, const std::string& lineage, bool damaged = false) {
+    index_info y = parse_index(signed_text(good_index), "i");
+    y.step = step, y.lineage = lineage;
+    char name[32];
+    std::snprintf(name, sizeof name, "step-%09ld", step);
+    std::filesystem::create_directories(root / name);
+    std::string t = index_text(y);
+    if (damaged) t[t.find("\"step\"") + 8] = '9';
+    write_file_atomic(root / name / index_name, t);
+  };
+  put(1, "aaaaaaaaaaaaaaaa"), put(2, "bbbbbbbbbbbbbbbb"), put(3, "aaaaaaaaaaaaaaaa"), put(4, ""), put(5, "aaaaaaaaaaaaaaaa", true);
+  std::vector<long> mine;
+  for (const auto& [step, dir] : lineage_checkpoints(root, "aaaaaaaaaaaaaaaa")) mine.push_back(step);
+  BOOST_TEST(mine == (std::vector<long>{1, 3}), boost::test_tools::per_element());
+  BOOST_TEST(lineage_checkpoints(root, "").size() == 5u);  // no lineage: every complete checkpoint, as before
+  BOOST_TEST(lineage_of(root / "step-000000002").value() == "bbbbbbbbbbbbbbbb");
+  BOOST_TEST(lineage_of(root / "step-000000004").value().empty());
+  BOOST_TEST(!lineage_of(root / "step-000000005").has_value());
+  std::filesystem::remove_all(root);
+}
+
+// A safetensors file that fails mid-write (a full disk, a failed gather)
+// leaves neither the file nor its .tmp behind, and the error stands.
+BOOST_AUTO_TEST_CASE(a_failed_safetensors_write_leaves_nothing) {
+  const auto dir = std::filesystem::temp_directory_path() / ("tessera-st-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto path = dir / "w.safetensors";
+  const std::vector<tensor_out> t = {{"a", "F32", {4}}, {"b", "F32", {2}}};
+  expect_error([&] {
+    write_safetensors(path, t, [](std::size_t i, std::vector<unsigned char>&) {
+      if (i == 1) throw tessera::error("the disk is full");
+    });
+  }, "the disk is full");
+  BOOST_TEST(!std::filesystem::exists(path));
+  BOOST_TEST(!std::filesystem::exists(path.string() + ".tmp"));
+  std::filesystem::remove_all(dir);
 }
 
 // The save's writer thread: buffers land in the file in order, past several

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "tessera/tessera.hpp"
+#include "tessera/checkpoint/checkpoint.hpp"
 
 using namespace tessera;
 using tessera_test::expect_error;
@@ -42,6 +43,9 @@ BOOST_AUTO_TEST_CASE(use_before_finalize) {
   auto u = m.add_unit("u");
   expect_error([&] { (void)m.gather(u); }, "gather() before finalize()");
   expect_error([&] { m.begin_micro_batch(0, 1); }, "before finalize()");
+  auto w = m.add_param(u, "w", {3});
+  expect_error([&] { m.init_param(w, init::constant{.v = 1}); }, "init_param() before finalize()");
+  expect_error([&] { m.set_param(w, std::vector<float>(3, 1.0f)); }, "set_param() before finalize()");
   data_parallel_t<Z1> empty(c);
   expect_error([&] { empty.finalize(); }, "no unit");
 }
@@ -71,7 +75,7 @@ BOOST_AUTO_TEST_CASE(gradient_view_of_a_released_unit) {
   expect_error([&] { (void)m.grad(w0); }, "unit 'first' requested while the unit is released");
   auto s = m.gather(u0);
   BOOST_TEST(s.grad(w0).size() == 3u);
-  expect_error([&] { (void)s.grad(w1); }, "used through the scope of unit");
+  expect_error([&] { (void)s.grad(w1); }, "parameter 'w' of unit 'second' used through the scope of unit 'first'");
   s.release();
   expect_error([&] { (void)s.grad(w0); }, "released unit scope");
   expect_error([&] { (void)s.weights(); }, "released unit scope");
@@ -91,7 +95,8 @@ BOOST_AUTO_TEST_CASE(reduction_and_micro_batch_misuse) {
     auto s = m.gather(u);
     s.grad(w)[0] = 1.0f;
     s.reduce_grads();
-    expect_error([&] { s.reduce_grads(); }, "called twice in one micro-batch");
+    expect_error([&] { s.reduce_grads(); }, "called twice in one micro-batch: a unit is reduced once");
+    expect_error([&] { s.reduce_grads(); }, "tied embedding and head");
     expect_error([&] { (void)s.grad(w); }, "after reduce_grads in the same micro-batch");
   }
   expect_error([&] { m.finish_grad_sync(); }, "finish_grad_sync in micro-batch 0 of 2");
@@ -357,6 +362,60 @@ BOOST_AUTO_TEST_CASE(set_param_on_one_rank_or_with_other_values) {
   run.template operator()<Z3>(false, 0.5f);
   run.template operator()<Z3>(true, c.rank() == 1 ? 0.25f : 0.5f);  // differing values
   run.template operator()<Z3>(true, 0.5f, true);
+}
+
+// init_param is local too: its parameter and initializer settings join the
+// same digest, which get_param checks before gathering, so a rank that drew
+// other values (another seed) or skipped the call fails on every rank.
+BOOST_AUTO_TEST_CASE(init_param_on_one_rank_or_with_another_seed) {
+  comm::mpi c;
+  if (c.size() == 1) return;
+  auto run = [&](bool everywhere, std::uint64_t seed, const char* expect) {
+    data_parallel_t<Z3> m(c);
+    auto u = m.add_unit("u");
+    auto w = m.add_param(u, "w", {13});
+    m.finalize();
+    if (everywhere || c.rank() == 0) m.init_param(w, init::normal{.seed = seed, .stdev = 0.02});
+    if (expect == nullptr) {
+      const auto v = m.get_param(w);
+      BOOST_TEST(v.size() == 13u);
+      BOOST_TEST(v[0] != 0.0f);  // drawn, and the same call everywhere: no error
+      return;
+    }
+    expect_error([&] { (void)m.get_param(w); }, expect);
+  };
+  run(false, 7, "init_param was called on some ranks only");
+  run(true, c.rank() == 1 ? 8 : 7, "the ranks hold different parameter values");
+  run(true, 7, nullptr);
+  // The optimizer's step sees it as well (its label carries the digest).
+  data_parallel_t<ZG> m(c);
+  auto u = m.add_unit("u");
+  auto w = m.add_param(u, "w", {8});
+  m.finalize();
+  ShardedOptimizer opt(m, sgd{.lr = 0.1});
+  m.init_param(w, init::uniform{.seed = c.rank() == 1 ? 2u : 1u});
+  m.begin_micro_batch(0, 1);
+  fill_grads(m, u, w);
+  expect_error([&] { (void)opt.step().get(); }, "init_param");
+}
+
+// A save called on one rank: the order check names what that rank was doing
+// (the save's first agreement), not an unlabelled 1 x I32 all-reduce.
+BOOST_AUTO_TEST_CASE(save_on_one_rank) {
+  comm::mpi c;
+  if (c.size() == 1) return;
+  data_parallel_t<Z3> m(c);
+  auto u = m.add_unit("u");
+  (void)m.add_param(u, "w", {8});
+  m.finalize();
+  ShardedOptimizer opt(m, sgd{.lr = 0.1});
+  const auto root = std::filesystem::temp_directory_path() / ("tessera-one-rank-save-" + std::to_string(::getpid()));
+  expect_error([&] {
+    if (c.rank() == 0) (void)checkpoint::save(opt, root, 1);
+    double loss = 1;
+    comm::all_reduce(c, std::span<double>(&loss, 1));  // what the others do next
+  }, "checkpoint::save");
+  if (c.rank() == 0) std::filesystem::remove_all(root);
 }
 
 BOOST_AUTO_TEST_CASE(step_without_gradients) {

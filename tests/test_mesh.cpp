@@ -9,6 +9,13 @@
 #include "common/mpi_test_main.hpp"
 #include "common/strategy_suite.hpp"
 
+#include <csignal>
+#include <memory>
+#include <string>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
 using namespace tessera;
 using F = full_precision<float>;
 using MP = mixed_precision<bf16, float>;
@@ -59,6 +66,42 @@ BOOST_AUTO_TEST_CASE(bad_shard_group_size_fails_everywhere) {
   auto m = comm::make_mesh(world, N);
   BOOST_TEST(m.world_rank() == world.rank());
   BOOST_TEST(m.world_size() == N);
+}
+
+// The wrappers built on a mesh hold its communicators: the mesh counts them,
+// and destroying it first ends the process with a tessera: line (checked in
+// a forked child, which makes no MPI call) instead of calling through freed
+// communicators.
+BOOST_AUTO_TEST_CASE(a_mesh_outlives_its_wrappers) {
+  comm::mpi world;
+  auto m = comm::make_mesh(world, world.size());
+  BOOST_TEST(m.users.count() == 0);
+  {
+    FullyShardedDataParallel<config<optim_grads_params, fsdp>> a(m);
+    DistributedDataParallel<config<no_shard, ddp>> b(m);
+    BOOST_TEST(m.users.count() == 2);
+  }
+  BOOST_TEST(m.users.count() == 0);
+  int pipe_fd[2];
+  BOOST_REQUIRE(::pipe(pipe_fd) == 0);
+  const pid_t child = ::fork();
+  BOOST_REQUIRE(child >= 0);
+  if (child == 0) {
+    ::dup2(pipe_fd[1], 2);
+    auto users = std::make_unique<comm::detail::mesh_users>();
+    comm::detail::mesh_users::claim c(*users);
+    users.reset();  // the mesh goes first
+    ::_exit(0);     // not reached
+  }
+  ::close(pipe_fd[1]);
+  std::string said;
+  char buf[512];
+  for (ssize_t n; (n = ::read(pipe_fd[0], buf, sizeof buf)) > 0;) said.append(buf, std::size_t(n));
+  ::close(pipe_fd[0]);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  BOOST_TEST((WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT));
+  BOOST_TEST(said.find("tessera: a comm::mesh was destroyed or replaced while 1 wrapper(s)") != std::string::npos, said);
 }
 
 // Replica groups that registered different models fail at finalize on every rank.

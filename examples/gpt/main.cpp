@@ -33,6 +33,7 @@ int main(int argc, char** argv) {
   return tessera::comm::mpi_main(argc, argv, [&] {
     tessera::comm::mpi world(tessera::comm::mpi_options{.timeout_s = o.timeout, .order_check = o.order_check != "off"});
     trainer_kit::agree_on_text(world, gpt::describe(o));
+    trainer_kit::agree_on_data(world, sets->digests());
     if (o.backend == "cuda") {
 #if TESSERA_CUDA_COMPILER
       return o.deterministic ? gpt::run_exact_cuda(o, world, *sets) : gpt::run_cuda(o, world, *sets);

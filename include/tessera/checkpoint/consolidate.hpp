@@ -40,7 +40,8 @@ inline void write_safetensors(const fs::path& path, const std::vector<tensor_out
     at += t.bytes();
   }
   const fs::path tmp = path.string() + ".tmp";
-  {
+  std::error_code ec;
+  try {
     out_file f(tmp.string());
     const std::string header = make_safetensors_header(entries, metadata);
     f.write(header.data(), header.size());
@@ -51,10 +52,16 @@ inline void write_safetensors(const fs::path& path, const std::vector<tensor_out
       f.write(buf.data(), buf.size());
     }
     f.sync_and_close();
+  } catch (...) {  // a full disk, a failed fill: the partial file goes, the error stays
+    fs::remove(tmp, ec);
+    throw;
   }
-  std::error_code ec;
   fs::rename(tmp, path, ec);
-  if (ec) io_fail("cannot rename into place", path.string(), ec.value());
+  if (ec) {
+    const int code = ec.value();
+    fs::remove(tmp, ec);
+    io_fail("cannot rename into place", path.string(), code);
+  }
 }
 
 //! Writes one safetensors file of full tensors (the main weights, and with

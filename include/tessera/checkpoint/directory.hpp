@@ -57,6 +57,24 @@ namespace tessera::checkpoint {
   return out;
 }
 
+//! The lineage recorded in the index of the checkpoint at dir ("" where none;
+//! nullopt where the index cannot be read or checked).
+[[nodiscard]] inline std::optional<std::string> lineage_of(const fs::path& dir) {
+  try {
+    return read_index(dir, "checkpoint '" + dir.string() + "'").lineage;
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+//! complete_checkpoints(root) of one lineage (all of them where lineage is "").
+[[nodiscard]] inline std::vector<std::pair<long, fs::path>> lineage_checkpoints(const fs::path& root,
+                                                                               const std::string& lineage) {
+  auto all = complete_checkpoints(root);
+  if (lineage.empty()) return all;
+  std::erase_if(all, [&](const auto& c) { return lineage_of(c.second) != lineage; });
+  return all;
+}
+
 //! The checkpoint `dir` names: itself if it holds an index, else the newest complete one under it.
 [[nodiscard]] inline std::optional<fs::path> resolve(const fs::path& dir) {
   std::error_code ec;

@@ -59,6 +59,9 @@ struct index_info {
   std::map<std::string, tensor_info> tensors;  //!< by "unit.tensor"
   nlohmann::json extra = nlohmann::json::object();  //!< the trainer's own state (data position, seed)
   std::map<std::string, int> exact_scales;  //!< exact_reduction's fixed-point scale of each unit, by name
+  //! The run this checkpoint belongs to (save_options::lineage; "" where none
+  //! was given, as in every index written before 2026-12-07).
+  std::string lineage;
 };
 
 inline nlohmann::json to_json(const index_info& x) {
@@ -87,6 +90,7 @@ inline nlohmann::json to_json(const index_info& x) {
 inline nlohmann::json to_json_full(const index_info& x) {
   nlohmann::json j = to_json(x);
   if (!x.exact_scales.empty()) j["exact_scales"] = x.exact_scales;
+  if (!x.lineage.empty()) j["lineage"] = x.lineage;
   return j;
 }
 
@@ -250,6 +254,7 @@ inline index_info parse_index(std::string_view text, const std::string& what, bo
     x.tensors.emplace(it.key(), std::move(ti));
   }
   if (j.contains("extra")) x.extra = j["extra"];
+  if (j.contains("lineage")) x.lineage = get_str(j, "lineage", what);
   return x;
 }
 

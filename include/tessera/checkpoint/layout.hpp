@@ -22,7 +22,11 @@
 namespace tessera::checkpoint {
 
 struct save_options {
-  int keep = 0;  //!< keep the newest `keep` complete checkpoints under the root (0: all)
+  int keep = 0;  //!< keep the newest `keep` complete checkpoints of this lineage under the root (0: all)
+  //! The run this save belongs to, recorded in the index: `keep` retires only
+  //! checkpoints of the same lineage, never another run's that shares the
+  //! root. "" (the default) records none and lets `keep` retire any.
+  std::string lineage;
   nlohmann::json extra = nlohmann::json::object();  //!< the trainer's own state, returned by load
   //! Called on every rank as the save reaches each of its points:
   //! "before-sync" (rank file written, not yet synced), "after-files" (every
@@ -39,6 +43,7 @@ struct load_result {
   int world = 0;
   std::string strategy;
   nlohmann::json extra;
+  std::string lineage;  //!< the index's (save_options::lineage; "" where none)
   std::uint64_t bytes_read = 0;  //!< of the rank files, by this rank
   double read_seconds = 0;       //!< index, reads and checks, until every rank agreed
   double apply_seconds = 0;      //!< the values copied into the model and optimizer

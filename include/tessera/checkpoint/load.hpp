@@ -213,6 +213,7 @@ load_result load(Opt& opt, const fs::path& dir) {
   res.world = x.world;
   res.strategy = x.strategy;
   res.extra = x.extra;
+  res.lineage = x.lineage;
   return res;
 }
 

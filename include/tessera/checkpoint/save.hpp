@@ -149,6 +149,7 @@ fs::path save(Opt& opt, const fs::path& root, long step, const save_options& o =
       x.optimizer_skipped = opt.skipped_steps();
       x.states = states;
       x.extra = o.extra;
+      x.lineage = o.lineage;
       if (const std::vector<int> sc = e.exact_scales(); !sc.empty())
         for (std::size_t u = 0; u < layouts.size(); ++u) x.exact_scales[layouts[u].name()] = sc[u];
       for (int q = 0; q < N; ++q) {
@@ -193,7 +194,9 @@ fs::path save(Opt& opt, const fs::path& root, long step, const save_options& o =
       sync_dir(root);
       fs::remove_all(old, ec);
       if (o.keep > 0) {  // older ones go only now that a newer one is complete
-        auto done = complete_checkpoints(root);
+        // Only this lineage's: another run's checkpoints under the same root
+        // (a fresh job pointed at an old directory) are not this job's to delete.
+        auto done = lineage_checkpoints(root, o.lineage);
         // Out of the step-* namespace first (one rename), then deleted: a kill
         // in between leaves a hidden directory, never a step-* that looks
         // complete with rank files missing.

@@ -11,6 +11,9 @@
 //!   auto m = comm::make_mesh(world, 4);   // or comm::node_size(world)
 //!   FullyShardedDataParallel<config<optim_grads_params, fsdp, outer<optim>>> model(m);
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
 #include <span>
 #include <string>
 #include <utility>
@@ -22,11 +25,56 @@
 
 namespace tessera::comm {
 
+namespace detail {
+//! How many wrappers use a mesh. A wrapper keeps references to the mesh's
+//! communicators, so a mesh destroyed first would leave it calling through
+//! freed objects (seen: std::out_of_range with an index near 2^64). Its
+//! destructor cannot throw; it says what happened and aborts instead.
+class mesh_users {
+public:
+  mesh_users() = default;
+  mesh_users(mesh_users&& o) noexcept : n_(std::exchange(o.n_, nullptr)) {}
+  mesh_users& operator=(mesh_users&& o) noexcept {
+    if (this != &o) {
+      check_unused();  // the groups being replaced are the ones the wrappers hold
+      n_ = std::exchange(o.n_, nullptr);
+    }
+    return *this;
+  }
+  ~mesh_users() { check_unused(); }
+  [[nodiscard]] int count() const noexcept { return n_ ? *n_ : 0; }
+  //! A wrapper's claim, released when the wrapper goes.
+  class claim {
+  public:
+    explicit claim(const mesh_users& m) : n_(m.n_) { ++*n_; }
+    claim(const claim&) = delete;
+    claim& operator=(const claim&) = delete;
+    ~claim() { --*n_; }
+
+  private:
+    std::shared_ptr<int> n_;
+  };
+
+private:
+  void check_unused() const noexcept {
+    if (n_ && *n_ > 0) {
+      std::fprintf(stderr, "tessera: a comm::mesh was destroyed or replaced while %d wrapper(s) built on it still "
+                   "live; the mesh must outlive every wrapper made from it (declare it before them)\n", *n_);
+      std::abort();
+    }
+  }
+  std::shared_ptr<int> n_ = std::make_shared<int>(0);
+};
+}  // namespace detail
+
 //! The two communicators of a mesh (split from one world; both owned here).
+//! It must outlive every wrapper built on it (destroying it first aborts with
+//! a tessera: line).
 template <class Comm>
 struct mesh {
   Comm shard;    //!< this rank's shard group: S ranks, ordered by world rank
   Comm replica;  //!< this rank's replica group: R ranks, one per shard group
+  detail::mesh_users users{};  //!< the wrappers built on it (destroyed first: checked before the groups go)
   [[nodiscard]] int shard_size() const { return shard.size(); }
   [[nodiscard]] int replicas() const { return replica.size(); }
   //! This rank's world rank (replica rank x S + shard rank).

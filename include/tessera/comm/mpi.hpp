@@ -92,7 +92,11 @@ public:
 
   //! Duplicates parent (MPI_COMM_WORLD by default). Collective over parent.
   explicit mpi(MPI_Comm parent = MPI_COMM_WORLD, mpi_options o = {}) : opt_(o) {
-    TESSERA_MPI(MPI_Comm_dup(parent, &comm_));
+    {  // a rank stopped before it gets here would leave the others inside MPI_Comm_dup
+      const detail::startup_deadline deadline(default_timeout_s(opt_.timeout_s),
+                                              "creating the communicator (MPI_Comm_dup)");
+      TESSERA_MPI(MPI_Comm_dup(parent, &comm_));
+    }
     init(parent == MPI_COMM_WORLD);
   }
   explicit mpi(mpi_options o) : mpi(MPI_COMM_WORLD, o) {}
@@ -125,7 +129,11 @@ public:
   //! Ranks with the same color form a new communicator, ordered by key. Collective.
   [[nodiscard]] mpi split(int color, int key) const {
     MPI_Comm c = MPI_COMM_NULL;
-    TESSERA_MPI(MPI_Comm_split(comm_, color, key, &c));
+    {
+      const detail::startup_deadline deadline(default_timeout_s(opt_.timeout_s),
+                                              "splitting the communicator (MPI_Comm_split)");
+      TESSERA_MPI(MPI_Comm_split(comm_, color, key, &c));
+    }
     return mpi(c, opt_, adopt_tag{});
   }
 
@@ -206,15 +214,27 @@ private:
     (void)watchdog::start();
   }
   // Every rank's process id and host, so that a fault can ask the ranks on
-  // this host for their trace files (one all-gather, at construction).
+  // this host for their trace files (one all-gather, at construction); and
+  // every rank's order_check, which must agree: a rank checking the order
+  // sends a 16-byte all-reduce before each collective that a rank not
+  // checking never posts (MPI_ERR_TRUNCATE, or a hang, far from the cause).
   void learn_peers(trace::recorder& rec) {
     struct who {
       std::int64_t pid;
-      char host[56];
-    } me{std::int64_t(::getpid()), {}};
+      std::int32_t order_check, pad;
+      char host[48];
+    } me{std::int64_t(::getpid()), opt_.order_check ? 1 : 0, 0, {}};
     ::gethostname(me.host, sizeof me.host - 1);
     std::vector<who> all(static_cast<std::size_t>(size_));
     TESSERA_MPI(MPI_Allgather(&me, int(sizeof me), MPI_BYTE, all.data(), int(sizeof me), MPI_BYTE, comm_));
+    for (int r = 0; r < size_; ++r)  // every rank sees the same table: all throw, none waits
+      if (all[std::size_t(r)].order_check != all[0].order_check) {
+        MPI_Comm_free(&comm_);
+        throw error("comm::mpi: rank " + std::to_string(r) + " has the order check " +
+                    (all[std::size_t(r)].order_check ? "on" : "off") + " and rank 0 has it " +
+                    (all[0].order_check ? "on" : "off") +
+                    " (mpi_options::order_check, a trainer's --order-check): every rank must set the same");
+      }
     std::vector<int> pids;
     for (int r = 0; r < size_; ++r)
       if (r != rank_ && std::strncmp(all[std::size_t(r)].host, me.host, sizeof me.host) == 0)

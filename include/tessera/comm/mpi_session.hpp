@@ -42,9 +42,12 @@ namespace detail {
 // and a rank that is stopped or lost while MPI starts would leave the others
 // inside MPI_Init forever, printing nothing. When the deadline passes this
 // process says so and exits; the launcher then ends the job.
+// The same holds for the collectives that make communicators
+// (MPI_Comm_dup, MPI_Comm_split): comm::mpi's watchdog exists only once they
+// return. `what` names the call in the message.
 class startup_deadline {
 public:
-  explicit startup_deadline(double seconds) {
+  explicit startup_deadline(double seconds, const char* what = "MPI start-up (MPI_Init)") : what_(what) {
     if (seconds > 0) thread_ = std::thread([this, seconds] { watch(seconds); });
   }
   startup_deadline(const startup_deadline&) = delete;
@@ -69,13 +72,14 @@ private:
     char host[64] = {};
     ::gethostname(host, sizeof host - 1);
     std::fprintf(stderr,
-                 "tessera: rank %s (pid %d on %s): MPI start-up (MPI_Init) did not finish within %g s: another rank "
+                 "tessera: rank %s (pid %d on %s): %s did not finish within %g s: another rank "
                  "was stopped, died or never started, or the launcher cannot reach it; ending this process "
                  "(--timeout or TESSERA_TIMEOUT_S set the deadline, 0 turns it off)\n",
-                 rank ? rank : "?", int(::getpid()), host, seconds);
+                 rank ? rank : "?", int(::getpid()), host, what_, seconds);
     std::fflush(stderr);
     std::_Exit(2);
   }
+  const char* what_;
   std::mutex m_;
   std::condition_variable cv_;
   bool done_ = false;

@@ -17,6 +17,7 @@
 
 #include "tessera/backend/ops.hpp"
 #include "tessera/comm/communicator.hpp"
+#include "tessera/comm/trace.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
 
@@ -113,6 +114,10 @@ void broadcast_host(C& c, std::span<T> buf, int root) {
 //! waiting, and nobody goes on alone.
 template <class C>
 void agree_or_throw(C& c, const std::exception_ptr& error_here, std::string_view what) {
+  // Labelled, so that a rank that alone reached this point (a save called
+  // on one rank) is named by the order check and the trace as doing `what`.
+  const std::string name(what);
+  const label lbl("agree", name.c_str());
   std::int32_t first = error_here ? c.rank() : c.size();  // the lowest failing rank, or size(): none
   all_reduce_host(c, std::span<std::int32_t>(&first, 1), reduce_op::min);
   if (first == c.size()) return;

@@ -60,11 +60,29 @@ struct counter_bits {
 //! each rank's elements in a kernel, where they are written, instead of on
 //! the host (a 1.5B-parameter model in milliseconds instead of seconds).
 namespace init {
+//! An initializer's settings as one number, for the check that every rank
+//! set the same values (the optimizer's step, get_param): its digest() where
+//! it has one (the library's do), else 0 (only the call is compared).
+template <class I>
+[[nodiscard]] std::uint64_t initializer_digest(const I& i) noexcept {
+  if constexpr (requires { { i.digest() } -> std::convertible_to<std::uint64_t>; }) return i.digest();
+  else return 0;
+}
+//! The digest of a library initializer's kind and fields (doubles by their bits).
+[[nodiscard]] inline std::uint64_t digest_of(std::uint64_t kind, std::uint64_t a, double b, double c) noexcept {
+  std::uint64_t bb = 0, cc = 0;
+  static_assert(sizeof(double) == sizeof(std::uint64_t));
+  __builtin_memcpy(&bb, &b, sizeof b);
+  __builtin_memcpy(&cc, &c, sizeof c);
+  return splitmix64(splitmix64(splitmix64(kind) ^ a) ^ bb) ^ cc;
+}
 //! N(mean, stdev), rounded to float.
 struct normal {
   static constexpr bool on_device = true;
   std::uint64_t seed = 0;
   double stdev = 1.0, mean = 0.0;
+  //! What the step's check compares across ranks (see initializer_digest).
+  [[nodiscard]] std::uint64_t digest() const noexcept { return digest_of(1, seed, stdev, mean); }
   [[nodiscard]] TESSERA_HOST_DEVICE float value(std::uint64_t key, std::size_t i) const noexcept {
     return float(mean + stdev * counter_normal(seed, key, i));
   }
@@ -74,6 +92,7 @@ struct uniform {
   static constexpr bool on_device = true;
   std::uint64_t seed = 0;
   double lo = 0.0, hi = 1.0;
+  [[nodiscard]] std::uint64_t digest() const noexcept { return digest_of(2, seed, lo, hi); }
   [[nodiscard]] TESSERA_HOST_DEVICE float value(std::uint64_t key, std::size_t i) const noexcept {
     return float(lo + (hi - lo) * (double(counter_random(seed, key, i).a >> 11) * 0x1p-53));
   }
@@ -82,6 +101,7 @@ struct uniform {
 struct constant {
   static constexpr bool on_device = true;
   double v = 0.0;
+  [[nodiscard]] std::uint64_t digest() const noexcept { return digest_of(3, 0, v, 0.0); }
   [[nodiscard]] TESSERA_HOST_DEVICE float value(std::uint64_t, std::size_t) const noexcept { return float(v); }
 };
 //! `inner` for the first `count` elements, zero after: a table padded past
@@ -92,6 +112,9 @@ struct first {
   static constexpr bool on_device = requires { requires I::on_device; };
   I inner;
   std::size_t count = 0;
+  [[nodiscard]] std::uint64_t digest() const noexcept {
+    return splitmix64(initializer_digest(inner) ^ splitmix64(std::uint64_t(count) + 4));
+  }
   [[nodiscard]] TESSERA_HOST_DEVICE float value(std::uint64_t key, std::size_t i) const noexcept {
     return i < count ? inner.value(key, i) : 0.0f;
   }

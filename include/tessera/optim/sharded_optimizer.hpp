@@ -397,7 +397,7 @@ private:
   // every rank) and a digest of every setting's bits. Where the order check
   // runs (comm::mpi's default), a rank whose learning rate, schedule or
   // hyper-parameters differ fails that step with the ranks and values named;
-  // so does one that set parameters (set_param) the others did not.
+  // so does one that set parameters (set_param, init_param) the others did not.
   std::string settings_text(long long k) const {
     std::vector<double> v{schedule_ ? schedule_(long(k), hp_.lr) : hp_.lr, opt_.clip_norm};
     if constexpr (requires { hp_.settings(); })
@@ -405,9 +405,9 @@ private:
     char b[72];
     const int n = std::snprintf(b, sizeof b, "lr %.6g, settings %08llx", v[0],
                                 static_cast<unsigned long long>(checksum64::of(v.data(), v.size() * sizeof(double)) & 0xffffffffu));
-    // Values given to set_param on some ranks only, or differing between them, show here too.
+    // Values given to set_param or init_param on some ranks only, or differing between them, show here too.
     if (const std::uint64_t d = e_.set_param_digest(); d != 0 && n > 0 && std::size_t(n) < sizeof b)
-      std::snprintf(b + n, sizeof b - std::size_t(n), ", set_param %08llx", static_cast<unsigned long long>(d & 0xffffffffu));
+      std::snprintf(b + n, sizeof b - std::size_t(n), ", set_param/init_param %08llx", static_cast<unsigned long long>(d & 0xffffffffu));
     return b;
   }
   static step_control zero_control() {

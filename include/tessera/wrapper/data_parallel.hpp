@@ -8,6 +8,7 @@
 //!   backward: { auto s = model.gather(u); ... write s.grad(p) ...; s.reduce_grads(); }
 //! and finally optimizer.step() (which calls finish_grad_sync()).
 #include <algorithm>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -81,9 +82,12 @@ public:
       return *e_;
     }
     const tensor_slot& slot_of(param_id p) const {
-      TESSERA_CHECK(std::size_t(p.unit) == u_, "parameter of unit ", p.unit, " used through the scope of unit ",
-                    u_);
-      return live().registry().slot(p);
+      auto& e = live();
+      TESSERA_CHECK(std::size_t(p.unit) == u_, "parameter '", e.registry().slot(p).spec.name, "' of unit '",
+                    e.registry().layout(std::size_t(p.unit)).name(), "' used through the scope of unit '",
+                    e.registry().layout(u_).name(),
+                    "'; take it through gather() of its own unit");
+      return e.registry().slot(p);
     }
     engine_type* e_;
     std::size_t u_;
@@ -97,7 +101,8 @@ public:
   //! group, its outer policy (outer<no_shard> = HSDP, outer<optim> = HFSDP)
   //! across the replica groups. The mesh must outlive the wrapper.
   template <class Comm>
-  explicit data_parallel_base(comm::mesh<Comm>& m, wrapper_options opt = {}) : e_(m.shard, m.replica, opt) {
+  explicit data_parallel_base(comm::mesh<Comm>& m, wrapper_options opt = {})
+      : mesh_claim_(std::in_place, m.users), e_(m.shard, m.replica, opt) {
     comm::check_communicator<Comm, backend_type>();
   }
 
@@ -123,13 +128,15 @@ public:
   //! others on the host, copied over.
   template <initializer I>
   void init_param(param_id p, const I& init) {
+    e_.registry().require_final("init_param()");  // its key names the slot, which exists from finalize()
     const std::uint64_t key = key_of(e_.layout(std::size_t(p.unit)).name() + "." + e_.registry().slot(p).spec.name);
-    e_.init_param(p, detail::drawn<I>{init, key});
+    e_.init_param(p, detail::drawn<I>{init, key}, init::initializer_digest(init));
   }
   //! The full main-weight value of a parameter on every rank's host.
   //! Collective: every rank calls it (on one rank alone it waits for the others).
   [[nodiscard]] std::vector<main_type> get_param(param_id p) {
     const auto& s = e_.registry().slot(p);
+    e_.check_values_agree("get_param");  // ranks that set other values would each return their own
     const std::vector<main_type> unit = e_.gather_main(std::size_t(p.unit));
     if constexpr (!strategy::shards_optimizer) {
       return {unit.begin() + std::ptrdiff_t(s.offset), unit.begin() + std::ptrdiff_t(s.offset + s.numel)};
@@ -196,6 +203,7 @@ private:
   void check_unit(unit_id u) const {
     TESSERA_CHECK(u.index >= 0 && std::size_t(u.index) < e_.registry().num_units(), "unknown unit ", u.index);
   }
+  std::optional<comm::detail::mesh_users::claim> mesh_claim_;  // before e_: released after it, which uses the mesh
   engine_type e_;
 };
 

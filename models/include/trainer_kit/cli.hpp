@@ -6,18 +6,29 @@
 
 #include <charconv>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 
 namespace trainer_kit {
 
 //! Parses argv. Returns -1 to continue, else the exit code (0 after --help,
-//! 2 after an error, printed as one "tessera:" line).
+//! 3 after --help under a launcher of several ranks, 2 after an error,
+//! printed as one "tessera:" line).
 inline int parse_command_line(CLI::App& app, int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
+    const int rc = app.exit(e);
+    // Under a launcher of several ranks a rank that prints its help and exits
+    // 0 before MPI starts leaves ranks without --help waiting for it (until
+    // the start-up deadline); a non-zero exit makes the launcher end them now.
+    for (const char* k : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"})
+      if (const char* n = std::getenv(k); n != nullptr && std::atoi(n) > 1) {
+        std::fprintf(stderr, "tessera: --help under a launcher of %s ranks: exiting 3 so that it ends every rank\n", n);
+        return 3;
+      }
+    return rc;
   } catch (const CLI::ParseError& e) {
     std::string msg = e.what();
     for (auto& ch : msg)

@@ -90,6 +90,19 @@ struct run_facts {
 //! Trains `mdl` under Cfg over `comm`, or over the mesh m when given (comm is
 //! then its shard group); `world` (MPI) carries the logged losses and the
 //! agreement checks; `usage` is the device's own count of bytes in use.
+//! Every file and directory the run reads: --data (each file a glob
+//! matches), --load, --init-from, and the model's own (input_paths(), e.g.
+//! --val-data), which no output of the run may overwrite.
+template <class Model>
+std::vector<input_path> input_paths(const Model& mdl) {
+  const run_options& o = mdl.run();
+  std::vector<input_path> in{{"--load", o.load}, {"--init-from", o.init_from}};
+  for (const auto& p : matching_paths(o.data)) in.push_back({"--data", p});
+  if constexpr (requires { mdl.input_paths(); })
+    for (auto& p : mdl.input_paths()) in.push_back(std::move(p));
+  return in;
+}
+
 template <class Cfg, class Model, class Comm>
 int train(Model& mdl, tessera::comm::mpi& world, Comm& comm, tessera::comm::mesh<Comm>* m, const device_usage& usage) {
   using namespace tessera;
@@ -106,7 +119,7 @@ int train(Model& mdl, tessera::comm::mpi& world, Comm& comm, tessera::comm::mesh
   // there fails now, not after the two have mixed their checkpoints.
   const auto claim = o.save.empty() ? checkpoint::root_claim{} : checkpoint::claim_root(world, o.save);
   // --dump-weights's file is written after the run: a bad path is found now.
-  if (!o.dump_weights.empty()) check_output_file(world, "--dump-weights", o.dump_weights);
+  if (!o.dump_weights.empty()) check_output_file(world, "--dump-weights", o.dump_weights, input_paths(mdl));
   const int count = o.deterministic ? o.accum / N : o.accum;  // micro-batches this rank runs per step
 
   memory_of<B>().reset_peak();
@@ -133,6 +146,9 @@ int train(Model& mdl, tessera::comm::mpi& world, Comm& comm, tessera::comm::mesh
   // function of seed and step).
   long first_step = 0;
   std::uint64_t seed = o.seed;
+  // The run's lineage (checkpoint::save_options): its checkpoint's where it
+  // resumes, else a new one; --keep retires only this lineage's checkpoints.
+  std::string lineage = talk ? new_lineage() : std::string();
   if (!o.load.empty()) {
     const auto t0 = clock::now();
     const auto got = checkpoint::load(opt, o.load);
@@ -140,6 +156,7 @@ int train(Model& mdl, tessera::comm::mpi& world, Comm& comm, tessera::comm::mesh
     first_step = check_resume_common(got.extra, got.path.string(), program, mdl.identity());
     mdl.check_resume(got.extra, got.path.string(), N, count);
     seed = got.extra["seed"].template get<std::uint64_t>();
+    lineage = got.lineage;
     if (talk && !o.json)
       std::printf("%s: resumed from %s (step %ld, written by %d rank%s with %s) in %.2f s (read and checked %.2f GB in "
                   "%.2f s, copied in %.2f s)\n", program, got.path.c_str(), first_step, got.world,
@@ -150,10 +167,12 @@ int train(Model& mdl, tessera::comm::mpi& world, Comm& comm, tessera::comm::mesh
                   "counting the steps it resumes past)\n", program, first_step, o.steps);
   }
   if (!o.init_from.empty()) init_weights(mdl, model, opt, o.init_from, program, talk && !o.json);
+  if (!o.save.empty()) check_save_root(world, o.save, lineage);
   const auto crash_hook = crash_hook_from_env();
   auto save = [&](long next_step) {
     checkpoint::save_options so;
     so.keep = o.keep;
+    so.lineage = lineage;
     so.at_point = crash_hook;
     so.extra = checkpoint_extra(program, next_step, seed, o.data, mdl.identity(), mdl.position(N, count));
     const auto t0 = clock::now();

@@ -7,12 +7,21 @@
 // A checkpoint of another model, or of another configuration of this one that
 // happens to have the same tensor shapes (GPT-2 with another head count), is
 // refused with the flag that differs, not resumed into a different network.
+// And whose run a --save root holds: a fresh run never saves (or retires
+// with --keep) among another run's checkpoints.
 #include <nlohmann/json.hpp>
+#include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <exception>
 #include <string>
 
+#include "tessera/checkpoint/directory.hpp"
+#include "tessera/comm/staged.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/core/hash.hpp"
 
 namespace trainer_kit {
 
@@ -64,6 +73,43 @@ inline long check_resume_common(const nlohmann::json& x, const std::string& path
                            "load, into another network)");
     }
   return next;
+}
+
+//! A new run's lineage (checkpoint::save_options::lineage): 16 hex digits
+//! from the clock, the pid and the host, unlike any other run's in practice.
+inline std::string new_lineage() {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  std::uint64_t h = tessera::splitmix64(std::uint64_t(std::chrono::system_clock::now().time_since_epoch().count()));
+  h = tessera::splitmix64(h ^ std::uint64_t(::getpid()));
+  for (const char* c = host; *c; ++c) h = tessera::splitmix64(h ^ std::uint64_t(static_cast<unsigned char>(*c)));
+  char b[17];
+  std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(h));
+  return b;
+}
+
+//! Refuses (on every rank, collective) a --save root that holds a complete
+//! checkpoint of another lineage than `lineage` (rank 0's; "" on a run
+//! resumed from a checkpoint written before lineages, which is not checked):
+//! its steps would mix with this run's, a later --load would resume the
+//! wrong one, and --keep would count them.
+template <class Comm>
+void check_save_root(Comm& world, const std::string& root, const std::string& lineage) {
+  std::exception_ptr err;
+  if (world.rank() == 0 && !lineage.empty()) try {
+      for (const auto& [step, dir] : tessera::checkpoint::complete_checkpoints(root)) {
+        const auto other = tessera::checkpoint::lineage_of(dir);
+        if (other == lineage) continue;
+        throw tessera::error("--save " + root + " holds " + dir.filename().string() + " of another run (" +
+                             (!other ? std::string("its index unreadable")
+                              : other->empty() ? std::string("written before runs had lineages")
+                                               : "lineage " + *other) +
+                             "): resume that run with --load " + root + ", or save this one into a new directory");
+      }
+    } catch (...) {
+      err = std::current_exception();
+    }
+  tessera::comm::agree_or_throw(world, err, "checking --save");
 }
 
 }  // namespace trainer_kit

@@ -3,6 +3,7 @@
 // share outside their models: memory accounting, the test hooks (checkpoint
 // crashes, injected faults), the command-line agreement across ranks, the
 // final weights as one file, and eager steps where a net offers no step graph.
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstdint>
@@ -22,6 +23,7 @@
 
 #include "tessera/checkpoint/consolidate.hpp"
 #include "tessera/tessera.hpp"
+#include "trainer_kit/paths.hpp"
 #include "trainer_kit/report.hpp"
 
 namespace trainer_kit {
@@ -87,6 +89,21 @@ inline void agree_on_text(tessera::comm::mpi& world, const std::string& mine) {
   tessera::comm::agree_or_throw(world, err, "the command-line check");
 }
 
+//! Every rank reads what rank 0 reads: the same option text can name other
+//! files on another rank (a relative path from another working directory, a
+//! node's own copy). A difference is one error on every rank naming the
+//! option. Collective.
+inline void agree_on_data(tessera::comm::mpi& world, const std::vector<data_digest>& mine) {
+  for (const data_digest& d : mine) {
+    tessera::comm::label lbl("the data check");
+    // Every rank learns the answer from the same all-reduce: all throw, none waits.
+    if (!tessera::comm::all_same(world, d.value))
+      throw tessera::error("the ranks read different " + d.flag + " files (the same names, other contents: a relative "
+                           "path from another working directory, or a copy that differs); every rank must read the "
+                           "same data");
+  }
+}
+
 //! The fault-injection hook of the never-hang tests (tests/fault):
 //! TESSERA_TEST_FAULT=<kind>:<rank>:<step> makes that rank, at the start of
 //! that step, stop (SIGSTOP), die (SIGKILL), throw a tessera::error, or spin
@@ -112,13 +129,19 @@ inline void fault_hook(int rank, long step) {
 //! not a directory and its folder takes a file (the writer's `path.tmp`,
 //! created and removed here), probed by rank 0, the writer. A tessera: error
 //! naming the flag on every rank where not. Collective.
-inline void check_output_file(tessera::comm::mpi& world, std::string_view flag, const std::string& path) {
+inline void check_output_file(tessera::comm::mpi& world, std::string_view flag, const std::string& path,
+                              const std::vector<input_path>& inputs = {}) {
   namespace fs = std::filesystem;
   std::exception_ptr err;
   if (world.rank() == 0) try {
       std::error_code ec;
       if (fs::is_directory(path, ec))
         throw tessera::error(std::string(flag) + " " + path + " is a directory; give the file to write");
+      for (const input_path& in : inputs)
+        if (overwrites(path, in.path))
+          throw tessera::error(std::string(flag) + " " + path + " would overwrite " + in.flag + " '" + in.path +
+                               "'" + (fs::is_directory(in.path, ec) ? " (a file inside it)" : "") +
+                               ": this run reads it; give another file");
       const fs::path probe = path + ".tmp";
       std::FILE* f = std::fopen(probe.c_str(), "wb");
       if (!f)

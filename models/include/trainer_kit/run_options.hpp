@@ -110,7 +110,16 @@ inline void add_run_options(CLI::App& app, run_options& o) {
   app.add_option("--clip", o.clip, "global gradient-norm clip, 0 for none")->check(CLI::NonNegativeNumber);
   app.add_option("--weight-decay", o.weight_decay, "AdamW decoupled weight decay (2-D weights only)")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--seed", o.seed, "seed of initialisation and batch sampling");
+  // CLI11 would wrap "-1" and clamp 2^64 into 2^64 - 1: both a seed the user did not write.
+  app.add_option("--seed", o.seed, "seed of initialisation and batch sampling (0 to 2^64 - 1)")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            const bool digits = !v.empty() && v.size() <= 20 && v.find_first_not_of("0123456789") == std::string::npos;
+            if (!digits || (v.size() == 20 && v > "18446744073709551615"))
+              return "--seed " + v + " is not a whole number from 0 to 18446744073709551615";
+            return {};
+          },
+          "UINT64"));
   app.add_option("--overlap-updates", o.overlap_updates,
                  "on: each unit's optimizer update runs in the next forward's shadow, just before the unit is needed "
                  "(a side stream on the cuda backend); off: every update at the end of the step")
@@ -154,9 +163,10 @@ inline std::string run_options_error(const CLI::App& app, const run_options& o) 
     return "--clip and --weight-decay must be finite (and --weight-decay at most 10)";
   if (o.steps == 0 && o.save.empty() && o.dump_weights.empty())
     return "--steps 0 trains nothing; give --save DIR (the initial checkpoint) or --dump-weights FILE";
-  if (app.count("--load") && o.load.empty()) return "--load needs a path";
-  if (app.count("--save") && o.save.empty()) return "--save needs a path";
-  if (app.count("--init-from") && o.init_from.empty()) return "--init-from needs a path";
+  // An empty path would quietly mean "none": the default text, no file written.
+  for (const char* f : {"--load", "--save", "--init-from", "--data", "--dump-weights"})
+    if (app.count(f) && app.get_option(f)->as<std::string>().empty()) return std::string(f) + " needs a path";
+  if (o.keep > 0 && o.save.empty()) return "--keep needs --save DIR (it retires this run's older checkpoints there)";
   if (!o.init_from.empty() && !o.load.empty())
     return "--init-from starts a new run from weights and --load resumes one: give one of them";
   if (o.save_every > 0 && o.save.empty()) return "--save-every needs --save DIR";

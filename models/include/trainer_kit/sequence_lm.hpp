@@ -37,7 +37,8 @@ struct sequence_options {
 inline void add_sequence_options(CLI::App& app, sequence_options& o) {
   app.add_option("--batch", o.batch, "sequences per micro-batch per rank")->check(CLI::Range(1, 1 << 20));
   app.add_flag("--text", o.text, "--data and --val-data are plain text files, tokenised as bytes (--vocab 256)");
-  app.add_option("--val-data", o.val_data, "validation shards (a file or a glob; text with --text)");
+  app.add_option("--val-data", o.val_data, "validation shards (a file or a glob; text with --text)")
+      ->check([](const std::string& v) { return v.empty() ? std::string("--val-data needs a path") : std::string(); });
   app.add_option("--val-every", o.val_every, "evaluate on --val-data every N steps (and after the last)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--val-batches", o.val_batches, "global batches of the fixed validation set")->check(CLI::Range(1, 1 << 20));
@@ -67,6 +68,12 @@ struct datasets {
       : train(r.data, o.text, vocab, seq),
         val(o.val_data.empty() ? std::nullopt : std::optional<corpus<Token>>(std::in_place, o.val_data, o.text, vocab,
                                                                                 seq, "--val-data")) {}
+  //! What each option's files hold (corpus::digest), for agree_on_data.
+  [[nodiscard]] std::vector<data_digest> digests() const {
+    std::vector<data_digest> d{{"--data", train.digest()}};
+    if (val) d.push_back({"--val-data", val->digest()});
+    return d;
+  }
 };
 
 //! The loop's hooks that depend only on sequences of `seq` + 1 tokens drawn
@@ -92,6 +99,17 @@ public:
     TESSERA_CHECK(!r_.deterministic || r_.accum % N == 0, "--deterministic: ", r_.accum, " micro-batches (--accum) "
                   "do not split evenly over ", N, " ranks; choose a world size that divides ", r_.accum);
     rank_ = rank, N_ = N, count_ = r_.deterministic ? r_.accum / N : r_.accum;
+    // The fixed validation set reads the file from its start, sequences seq
+    // tokens apart: past the file's end it repeats itself, measuring nothing
+    // new at any cost (1048576 batches of a 40 kB file ran for hours).
+    if (sets_.val) {
+      const std::uint64_t want = std::uint64_t(validation_micro_batches()) * std::uint64_t(N) * std::uint64_t(o_.batch);
+      const std::uint64_t holds = (sets_.val->windows() + std::uint64_t(seq_) - 1) / std::uint64_t(seq_);
+      TESSERA_CHECK(want <= holds, "--val-batches ", o_.val_batches, " asks for ", want, " validation sequences of ",
+                    seq_, " tokens (", r_.deterministic ? "the global batch" : "--batch x ranks", " per batch); --val-data "
+                    "holds ", holds, " before it repeats: give --val-batches ", std::max<std::uint64_t>(1, o_.val_batches * holds / want),
+                    " or less, or more validation data");
+    }
   }
 
   [[nodiscard]] nlohmann::json position(int N, int count) const {
@@ -138,6 +156,12 @@ public:
     net.forward_backward_slots(count, o_.batch, tokens);
   }
 
+  //! The model's inputs beyond the run's (trainer_kit::input_paths): --val-data's files.
+  [[nodiscard]] std::vector<input_path> input_paths() const {
+    std::vector<input_path> in;
+    for (const auto& p : matching_paths(o_.val_data)) in.push_back({"--val-data", p});
+    return in;
+  }
   [[nodiscard]] bool validation_due(long step, bool last) const {
     return sets_.val && ((o_.val_every > 0 && (step + 1) % o_.val_every == 0) || last);
   }
@@ -146,7 +170,7 @@ public:
   //! sequences), each rank its micro-batches k N + r, summed in k's order
   //! under --deterministic (a sum over ranks would group by N).
   template <class Net> double evaluate(Net& net, tessera::comm::mpi& world) {
-    const int count = r_.deterministic ? o_.val_batches * count_ : o_.val_batches;
+    const int count = validation_micro_batches();
     std::vector<double> per(r_.deterministic ? std::size_t(count) * N_ : 0);
     batch seqs = make_batch();
     double loss = 0;
@@ -206,6 +230,8 @@ public:
 
 protected:
   [[nodiscard]] std::size_t row() const { return std::size_t(seq_) + 1; }
+  //! Micro-batches of --batch sequences each rank runs in a validation pass.
+  [[nodiscard]] int validation_micro_batches() const { return r_.deterministic ? o_.val_batches * count_ : o_.val_batches; }
   //! "data F file(s) of T tokens", for a banner.
   [[nodiscard]] std::string data_words() const {
     return std::to_string(sets_.train.files()) + " file" + (sets_.train.files() == 1 ? "" : "s") + " of " +

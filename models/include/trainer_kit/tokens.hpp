@@ -21,7 +21,6 @@
 // sequence of micro-batch k is g = (k x ranks + r) x batch + j: the global
 // batch holds the same sequences whatever the world size (--batch 6 on one
 // rank and --batch 2 on three train on the same data).
-#include <glob.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -38,6 +37,7 @@
 
 #include "tessera/core/error.hpp"
 #include "tessera/core/hash.hpp"
+#include "trainer_kit/paths.hpp"
 
 namespace trainer_kit {
 
@@ -133,13 +133,7 @@ void write_shard(const std::string& path, const std::vector<Token>& tokens, cons
 //! The paths a --data argument names: the file itself, or a glob's matches in
 //! order (`flag`: the option that named them, for the message).
 inline std::vector<std::string> expand(const std::string& spec, std::string_view flag = "--data") {
-  std::error_code ec;
-  if (std::filesystem::exists(spec, ec)) return {spec};
-  glob_t g{};
-  std::vector<std::string> out;
-  if (::glob(spec.c_str(), 0, nullptr, &g) == 0)
-    for (std::size_t i = 0; i < g.gl_pathc; ++i) out.emplace_back(g.gl_pathv[i]);
-  ::globfree(&g);
+  const std::vector<std::string> out = matching_paths(spec);
   TESSERA_CHECK(!out.empty(), flag, " ", spec, ": no such file, and no file matches it as a glob");
   return out;
 }
@@ -213,6 +207,21 @@ public:
                   seq + 1, " tokens (--seq ", seq, " + 1)");
   }
   [[nodiscard]] std::size_t files() const noexcept { return files_.size(); }
+  //! What the files hold, as one number: every file's token count and up to
+  //! 3 x 4096 tokens of it (its start, middle and end). Ranks that agree on
+  //! --data's text can still read other files (the same relative path from
+  //! other working directories, a copy per node that differs): the ranks
+  //! compare this (agree_on_data) instead of trusting the names.
+  [[nodiscard]] std::uint64_t digest() const {
+    std::uint64_t h = tessera::splitmix64(files_.size());
+    for (const auto& f : files_) {
+      const std::size_t n = f.tokens.size(), w = std::min<std::size_t>(n, 4096);
+      h = tessera::splitmix64(h ^ n);
+      for (const std::size_t at : {std::size_t(0), (n - w) / 2, n - w})
+        for (std::size_t i = at; i < at + w; ++i) h = tessera::splitmix64(h ^ std::uint64_t(f.tokens[i]));
+    }
+    return h;
+  }
   [[nodiscard]] std::size_t tokens() const noexcept { return tokens_; }
   //! Windows of seq + 1 tokens in all: what a validation pass over the data can hold.
   [[nodiscard]] std::uint64_t windows() const noexcept { return windows_; }

@@ -106,6 +106,7 @@ public:
   //! Sets a parameter from its full value in host memory. Every rank passes the
   //! same values and keeps its own piece; no communication.
   void set_param(param_id p, std::span<const M> full) {
+    reg_.require_final("set_param()");
     const auto& s = reg_.slot(p);
     TESSERA_CHECK(full.size() == s.numel, "set_param('", s.spec.name, "'): ", full.size(),
                   " values for shape ", s.spec.shape.str(), " (", s.numel, " elements)");
@@ -118,16 +119,32 @@ public:
     c.update(full.data(), full.size_bytes());
     set_digest_ += c.digest();
   }
-  //! The sum of a digest of every set_param call's parameter and values: the
-  //! optimizer's step compares it across ranks (with its settings), so values
-  //! set on some ranks only, or differing between ranks, fail the next step.
+  //! The sum of a digest of every set_param and init_param call's parameter
+  //! and values (init_param: its initializer's settings): the optimizer's
+  //! step and get_param compare it across ranks, so values set on some ranks
+  //! only, or differing between ranks, fail there instead of training apart.
   [[nodiscard]] std::uint64_t set_param_digest() const noexcept { return set_digest_; }
+  //! Throws on every rank where the ranks' set_param_digest differ. Collective
+  //! (one all-reduce over the shard group, and the replica group on a mesh).
+  void check_values_agree(const char* where) {
+    comm::label l(where);
+    bool same = comm::all_same(comm_, set_digest_);
+    // On a mesh the replica groups compare too: a shard group that agrees within itself can differ from its replicas.
+    if (outer_.active()) same = comm::all_same(outer_.communicator(), set_digest_ ^ (same ? 0 : 1)) && same;
+    TESSERA_CHECK(same, where, ": the ranks hold different parameter values: set_param or init_param was called on "
+                  "some ranks only, or with other values or initializers; every rank must make the same calls");
+  }
   //! Sets a parameter from value(i) of its element index, on each rank only
-  //! for the elements it keeps (unit_store::init_param).
+  //! for the elements it keeps (unit_store::init_param); `settings` is the
+  //! initializer's digest (init::initializer_digest), for set_param_digest.
   template <class F>
-  void init_param(param_id p, const F& value) {
+  void init_param(param_id p, const F& value, std::uint64_t settings = 0) {
     reg_.require_final("init_param()");
     (void)reg_.slot(p);
+    checksum64 c;  // which parameter, how (summed in any order, as set_param's)
+    c.update(&p, sizeof p);
+    c.update(&settings, sizeof settings);
+    set_digest_ += splitmix64(c.digest());
     settle(std::size_t(p.unit));
     store_[std::size_t(p.unit)].weights_ready.wait();
     invalidate_gathered();
@@ -206,7 +223,8 @@ public:
     reg_.require_final("reduce_grads()");
     auto& st = units_.at(u);
     TESSERA_CHECK(!grads_ready_, "reduce_grads('", layout(u).name(), "') after finish_grad_sync");
-    TESSERA_CHECK(!st.reduced, "reduce_grads('", layout(u).name(), "') called twice in one micro-batch");
+    TESSERA_CHECK(!st.reduced, "reduce_grads('", layout(u).name(), "') called twice in one micro-batch: ",
+                  reduce_once_hint);
     st.reduced = true;
     touched_ = true;
     settle(u);  // the reduction overwrites the gradients the last update read
@@ -357,6 +375,12 @@ public:
 
 
 private:
+  // Both misuses of a reduced unit have the same two causes.
+  static constexpr const char* reduce_once_hint =
+      "a unit is reduced once per micro-batch, after the last gradient of it is written (a unit used in "
+      "several places, as a tied embedding and head, after its last use in backward, which is its first in "
+      "forward; gathering it again for that is fine); to accumulate several micro-batches, call "
+      "begin_micro_batch(index, count) before each one's backward";
   // Units the trainer did not reduce are reduced now, last unit first (the
   // order backward would have used), then everything in flight completes.
   void sync_micro_batch() {
@@ -372,9 +396,7 @@ private:
     TESSERA_CHECK(!grads_ready_, "gradient of unit '", L.name(),
                   "' requested after finish_grad_sync; call step() or zero_grad() first");
     TESSERA_CHECK(!units_[u].reduced, "gradient of unit '", L.name(),
-                  "' requested after reduce_grads in the same micro-batch; to accumulate several micro-batches, "
-                  "call begin_micro_batch(index, count) before each one's backward (it was not called since this "
-                  "unit was reduced)");
+                  "' requested after reduce_grads in the same micro-batch: ", reduce_once_hint);
     if constexpr (strategy::shards_params)
       TESSERA_CHECK(units_[u].holders > 0, "gradient view of unit '", L.name(),
                     "' requested while the unit is released; take it inside gather(unit)");
