@@ -31,38 +31,13 @@
 #include <utility>
 
 #include "tessera/comm/communicator.hpp"
+#include "tessera/comm/mpi_half.hpp"
 #include "tessera/comm/order_check.hpp"
 #include "tessera/comm/trace.hpp"
 #include "tessera/comm/watchdog.hpp"
 
 namespace tessera::comm {
 
-namespace detail {
-template <class T, class F>
-void mpi_half_op(void* in, void* inout, int* len, F f) {
-  auto* a = static_cast<const T*>(in);
-  auto* b = static_cast<T*>(inout);
-  for (int i = 0; i < *len; ++i) b[i] = T(f(float(a[i]), float(b[i])));
-}
-template <class T> void half_sum(void* a, void* b, int* n, MPI_Datatype*) {
-  mpi_half_op<T>(a, b, n, [](float x, float y) { return x + y; });
-}
-template <class T> void half_max(void* a, void* b, int* n, MPI_Datatype*) {
-  mpi_half_op<T>(a, b, n, [](float x, float y) { return x > y ? x : y; });
-}
-template <class T> void half_min(void* a, void* b, int* n, MPI_Datatype*) {
-  mpi_half_op<T>(a, b, n, [](float x, float y) { return x < y ? x : y; });
-}
-// MPI_Op objects for 16-bit floats, created on first use (after MPI_Init).
-template <class T> MPI_Op half_op(reduce_op op) {
-  static const MPI_Op ops[3] = {
-      [] { MPI_Op o; MPI_Op_create(&half_sum<T>, 1, &o); return o; }(),
-      [] { MPI_Op o; MPI_Op_create(&half_max<T>, 1, &o); return o; }(),
-      [] { MPI_Op o; MPI_Op_create(&half_min<T>, 1, &o); return o; }(),
-  };
-  return op == reduce_op::max ? ops[1] : op == reduce_op::min ? ops[2] : ops[0];
-}
-}  // namespace detail
 
 //! Asks the other ranks on this host for their trace files and gives them a
 //! moment (TESSERA_ABORT_GRACE_S, default 1 s) before the job ends.
