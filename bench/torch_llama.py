@@ -126,6 +126,8 @@ def main():
     ap.add_argument('--seed', type=int, default=1)
     ap.add_argument('--precision', choices=['fp32', 'bf16'], default='bf16')
     ap.add_argument('--compile', action='store_true')
+    ap.add_argument('--profile', metavar='FILE',
+                    help="the last step under torch.profiler: its CUDA kernels' table into FILE (slows that step)")
     a = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -165,8 +167,12 @@ def main():
     gen = torch.Generator(device=dev).manual_seed(a.seed)
     times = []
     torch.cuda.reset_peak_memory_stats()
+    prof = None
     for step in range(a.steps):
         torch.cuda.synchronize()
+        if a.profile and step == a.steps - 1:
+            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+            prof.__enter__()
         t0 = time.perf_counter()
         seqs = torch.randint(0, cfg['vocab'], (G, T + 1), device=dev, generator=gen)
         with torch.autocast('cuda', dtype=torch.bfloat16, enabled=a.precision == 'bf16'):
@@ -182,6 +188,12 @@ def main():
         opt.zero_grad(set_to_none=True)
         loss_v = loss.item() / (G * T)
         dt = time.perf_counter() - t0
+        if prof is not None:
+            torch.cuda.synchronize()
+            prof.__exit__(None, None, None)
+            with open(a.profile, 'w') as f:
+                f.write(prof.key_averages().table(sort_by='cuda_time_total', row_limit=40, max_name_column_width=90))
+            prof = None
         if step >= 5:
             times.append(dt)
         print(json.dumps({'step': step, 'loss': loss_v, 'grad_norm': float(norm), 'lr': lr, 'ms': dt * 1e3,

@@ -3,8 +3,9 @@
 // happened. Exit code by verdict:
 //   0 nothing in flight (no fault visible), 1 unreadable input,
 //   2 divergent program (ranks issued different collectives as #k),
-//   3 stopped, slow or dead rank (some ranks never issued #k, or issued it and never
-//     waited for it, while others wait in it),
+//   3 stopped, slow or dead rank (a rank's heartbeat stopped while others waited,
+//     or some ranks never issued #k, or issued it and never waited for it
+//     while waiting nowhere else, while others wait in it),
 //   4 network (every rank issued #k and waited in it, none completed it),
 //   5 a rank ended with an error of its own (recorded before the first
 //     timeout): the cause, whoever waited for it.
@@ -49,6 +50,7 @@ struct rank_trace {
   std::map<int, std::uint64_t> next_seq;                       // communicator -> collectives issued
   std::map<int, std::string> kind;                             // communicator -> "mpi", "nccl"
   std::map<int, std::map<std::uint64_t, call>> calls;          // communicator -> seq -> call
+  std::vector<std::pair<std::int64_t, std::int64_t>> stalls;   // heartbeat gaps: the process did not run
 };
 
 std::string ranks_text(const std::vector<int>& r) {
@@ -74,6 +76,9 @@ std::optional<rank_trace> read_trace(const fs::path& p, std::string& why) {
       t.next_seq[c.at("id").get<int>()] = c.at("next_seq").get<std::uint64_t>();
       t.kind[c.at("id").get<int>()] = c.value("kind", "");
     }
+    if (j.contains("stalls"))  // traces of older versions have none
+      for (const auto& g : j.at("stalls"))
+        t.stalls.emplace_back(g.at("from_us").get<std::int64_t>(), g.at("to_us").get<std::int64_t>());
     for (const auto& e : j.at("entries")) {
       call c{e.at("op").get<std::string>(), e.value("label", ""), e.value("dtype", ""), e.value("state", ""),
              e.value("count", std::uint64_t(0)), e.value("issued_us", std::int64_t(0)),
@@ -104,6 +109,16 @@ verdict error_verdict(verdict v, int r, const rank_trace& t, const std::string& 
   v.culprits = {r};
   v.text = "Rank " + std::to_string(r) + " ended with an error: " + t.message + after;
   return v;
+}
+
+// The longest time rank t's process did not run (its watchdog's heartbeat
+// stopped) within [from, to]: a stop of 2 s or more in the time others
+// waited marks a stopped rank, wherever it stopped (inside a wait too).
+std::int64_t stalled_us(const rank_trace& t, std::int64_t from, std::int64_t to) {
+  std::int64_t most = 0;
+  for (const auto& [a, b] : t.stalls)
+    if (b > from && a < to) most = std::max(most, std::min(b, to) - std::max(a, from));
+  return most;
 }
 
 // Ranks ended by SIGTERM (the launcher's way of ending a job when a rank dies).
@@ -235,9 +250,18 @@ verdict diagnose(const std::map<int, rank_trace>& traces, int world) {
     // Ranks that issued #k and never began to wait for it (a non-blocking
     // collective issued, then the rank stopped or went on working outside
     // the library): not the network's fault.
+    // A rank waiting in another collective pending at the cut (a later one,
+    // or one on another communicator) is waiting, not stopped.
+    auto waits_elsewhere = [&](const rank_trace& t) {
+      for (const auto& [cc, m] : t.calls)
+        for (const auto& [s, x] : m)
+          if (x.waiting_us != 0 && pending_at_cut(x) && !(cc == c && (long long)s == k)) return true;
+      return false;
+    };
     std::vector<int> never_waited;
     for (int r : waiting)
-      if (const auto& x = traces.at(r).calls.at(c).at(std::uint64_t(k)); x.waiting_us == 0) never_waited.push_back(r);
+      if (const auto& x = traces.at(r).calls.at(c).at(std::uint64_t(k)); x.waiting_us == 0 && !waits_elsewhere(traces.at(r)))
+        never_waited.push_back(r);
     if (never_waited.size() < waiting.size())
       for (int r : never_waited) absent.push_back(r), std::erase(waiting, r);
     v.comm = c;
@@ -257,6 +281,34 @@ verdict diagnose(const std::map<int, rank_trace>& traces, int world) {
                                                     : " " + ranks_text(waiting) + (waiting.size() == 1 ? " was" : " were") +
                                                           " waiting in " + name + " on communicator " + std::to_string(c) +
                                                           secs + " when the job ended."));
+    // A rank whose process did not run (its heartbeat stopped) for 2 s or
+    // more while the others waited is the stopped one, wherever it stopped:
+    // inside a wait its trace looks like any waiting rank's.
+    if (since) {
+      std::vector<int> stalled;
+      std::int64_t longest = 0;
+      for (const auto& [r, t] : traces)
+        if (const std::int64_t g = stalled_us(t, since, stop_us); g >= 2'000'000) {
+          stalled.push_back(r);
+          longest = std::max(longest, g);
+        }
+      if (!stalled.empty() && stalled.size() < traces.size()) {
+        std::vector<int> others;
+        for (const auto& [r, t] : traces)
+          if (std::find(stalled.begin(), stalled.end(), r) == stalled.end()) others.push_back(r);
+        char g[64];
+        std::snprintf(g, sizeof g, "%.1f s", double(longest) / 1e6);
+        v.code = 3;
+        v.kind = "stopped_rank";
+        v.culprits = stalled;
+        v.waiting = others;
+        v.text = "Stopped rank: " + ranks_text(stalled) + (stalled.size() == 1 ? " was" : " were") +
+                 " not running for " + g + " (its heartbeat stopped: SIGSTOP, a debugger, a suspended or overloaded "
+                 "host) while " + ranks_text(others) + " waited" + (waiting.empty() ? "" : " in " + name) +
+                 " on communicator " + std::to_string(c) + secs + ". Look at that rank's process first.";
+        return v;
+      }
+    }
     if (!absent.empty()) {
       v.code = 3;
       v.kind = "stopped_rank";

@@ -9,7 +9,10 @@
 #    seq $TESSERA_LLAMA_SEQ (2048), random tokens, beside bench/torch_llama.py
 #    --compile (a plain PyTorch Llama, SDPA with grouped kv heads, fused AdamW) at
 #    the same tokens per step in the same call: each one's tokens/s and peak.
-# TESSERA_LLAMA_PARTS="curves hf speed" picks parts.
+#  - profile (not by default): one step of the first size under Nsight Compute, each
+#    kernel timed alone, summed by kernel name; torch.compile's last step under
+#    torch.profiler beside it (its kernels' table).
+# TESSERA_LLAMA_PARTS="curves hf speed profile" picks parts.
 llama_parts=${TESSERA_LLAMA_PARTS:-curves hf speed}
 L="$bin/tessera-llama"
 if [[ " $llama_parts " == *" curves "* ]]; then
@@ -78,4 +81,32 @@ else:
 print(line)
 PY
   done
+fi
+if [[ " $llama_parts " == *" profile "* ]]; then
+  seq=${TESSERA_LLAMA_SEQ:-2048}
+  size=${TESSERA_LLAMA_SIZES:-llama3.2-1b:4}; size=${size%% *}; model=${size%%:*}; batch=${size#*:}
+  if ncu --nvtx --nvtx-include "tessera-step/" --clock-control none --metrics gpu__time_duration.sum --csv \
+       "$L" --backend cuda --precision bf16 --model "$model" --seq "$seq" --batch "$batch" --steps 3 ${TESSERA_LLAMA_FLAGS:-} \
+       --text --data "$TESSERA_GPT_TEXT" >"$OUT/llama-profile-$model.csv" 2>"$LOGS/llama-profile-$model.err"; then
+    python3 - "$OUT/llama-profile-$model.csv" <<'PY' | tee "$OUT/llama-profile-$model.txt" | tee -a "$OUT/summary.txt"
+import collections, csv, sys
+rows = [r for r in csv.DictReader(l for l in open(sys.argv[1]) if l.startswith('"'))
+        if r.get('Metric Name') == 'gpu__time_duration.sum']
+by = collections.defaultdict(lambda: [0.0, 0])
+scale = {'nsecond': 1e-6, 'usecond': 1e-3, 'msecond': 1.0, 'second': 1e3}
+for r in rows:
+    ms = float(r['Metric Value'].replace(',', '')) * scale.get(r['Metric Unit'], 1e-6)
+    k = by[r['Kernel Name'][:110]]
+    k[0] += ms; k[1] += 1
+total = sum(v[0] for v in by.values())
+print(f'llama profile: {len(rows)} kernels, {total:.2f} ms of kernels (each timed alone)')
+for name, (ms, n) in sorted(by.items(), key=lambda x: -x[1][0])[:30]:
+    print(f'  {ms:9.3f} ms {100 * ms / total:5.1f}% x{n:<4d} {name}')
+PY
+  else
+    log "FAIL llama profile"; tail -5 "$LOGS/llama-profile-$model.err"; status=1
+  fi
+  timeout 600 python3 bench/torch_llama.py --model "$model" --seq "$seq" --batch "$batch" --steps 8 --compile \
+    --profile "$OUT/torch-llama-profile-$model.txt" >"$LOGS/torch-llama-profile-$model.log" 2>&1 &&
+    head -45 "$OUT/torch-llama-profile-$model.txt" | tee -a "$OUT/summary.txt" || { log "FAIL torch llama profile"; status=1; }
 fi

@@ -72,6 +72,16 @@ code, v = doctor_says(d)
 expect(code == 3 and v.get("verdict") == "stopped_rank" and v.get("culprits") == [1],
        "stop: the doctor names rank 1 as the stopped rank")
 
+# 1b. The same, stopped from another thread 30 ms into the step: wherever it
+# stopped (most often inside a wait, where its trace looks like a waiting
+# rank's), its heartbeat's gap names it: never "network", never another rank.
+for attempt in range(3):
+    rc, out, err, dt, d = run("stopwait", MPI + [trainer] + SMALL, {"TESSERA_TEST_FAULT": "stopwait:1:3"}, 30)
+    code, v = doctor_says(d)
+    expect(rc not in (0, None) and dt < 30, "stopwait: the job must end non-zero within 30 s")
+    expect(code == 3 and v.get("verdict") == "stopped_rank" and v.get("culprits") == [1],
+           f"stopwait (try {attempt + 1}): the doctor names rank 1 as the stopped rank")
+
 # 2. A rank killed (SIGKILL): the job ends within the timeout.
 rc, out, err, dt, d = run("kill", MPI + [trainer] + SMALL, {"TESSERA_TEST_FAULT": "kill:1:3"}, 30)
 expect(rc not in (0, None), "kill: the job must end non-zero")

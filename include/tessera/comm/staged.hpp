@@ -17,7 +17,7 @@
 
 #include "tessera/backend/ops.hpp"
 #include "tessera/comm/communicator.hpp"
-#include "tessera/comm/trace.hpp"
+#include "tessera/comm/label.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
 

@@ -27,6 +27,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <csignal>
@@ -34,36 +35,12 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include "tessera/comm/label.hpp"
 #include "tessera/comm/trace_files.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
 
 namespace tessera::comm {
-
-// ---- labels: what the library is doing when it issues a collective ----------
-
-namespace detail {
-struct label_state {
-  const char* what = nullptr;   // "gather", "reduce_grads", "grad_norm", ... (static strings)
-  const char* name = nullptr;   // a unit's name, alive while the label is set
-};
-inline thread_local label_state current_label;
-}  // namespace detail
-
-//! Names the collectives issued on this thread while it lives, e.g.
-//! label l("gather", unit_name). The recorder and every timeout or order
-//! error show it. Nests: the innermost wins, the outer one comes back.
-class label {
-public:
-  explicit label(const char* what, const char* name = nullptr) noexcept
-      : saved_(std::exchange(detail::current_label, detail::label_state{what, name})) {}
-  label(const label&) = delete;
-  label& operator=(const label&) = delete;
-  ~label() { detail::current_label = saved_; }
-
-private:
-  detail::label_state saved_;
-};
 
 namespace trace {
 
@@ -96,16 +73,6 @@ struct entry {
                   std::string(name_of(t));
   if (label && *label) s += std::string(", ") + label;
   return s + ")";
-}
-
-//! Formats the current label into dst ("gather layer.3").
-inline void write_label(std::array<char, 72>& dst) noexcept {
-  const auto& l = detail::current_label;
-  if (!l.what) {
-    dst[0] = 0;
-    return;
-  }
-  std::snprintf(dst.data(), dst.size(), "%s%s%s", l.what, l.name ? " " : "", l.name ? l.name : "");
 }
 
 //! What the watchdog needs of a communicator: how to tell whether an entry
@@ -317,6 +284,18 @@ public:
     return {};
   }
 
+  //! The watchdog's heartbeat (a tick every 20 ms, comm/watchdog.hpp). A gap
+  //! of a second or more means the whole process did not run (SIGSTOP, a
+  //! debugger, a suspended machine, a host out of CPU): the last eight go
+  //! into the trace file as "stalls", so that tessera-doctor can tell a rank
+  //! stopped inside a wait from the ranks that waited for it.
+  void heartbeat(std::int64_t previous_us, std::int64_t now) {
+    if (now - previous_us < 1'000'000) return;
+    std::lock_guard lock(mu_);
+    if (stalls_.size() == 8) stalls_.erase(stalls_.begin());
+    stalls_.push_back({previous_us, now});
+  }
+
   [[nodiscard]] static std::string describe(const entry& e) {
     return call_text(e.op, e.seq, e.count, e.type, e.label.data());
   }
@@ -403,6 +382,10 @@ private:
            ",\"timeout_s\":" + format_seconds(c.info.timeout_s) + ",\"next_seq\":" + std::to_string(c.next_seq) +
            ",\"live\":" + (c.live ? "true" : "false") + "}";
     }
+    o += "],\"stalls\":[";
+    for (std::size_t i = 0; i < stalls_.size(); ++i)
+      o += std::string(i ? "," : "") + "{\"from_us\":" + std::to_string(stalls_[i].first) +
+           ",\"to_us\":" + std::to_string(stalls_[i].second) + "}";
     o += "],\"entries\":[";
     const std::uint64_t first = next_slot_ > ring_.size() ? next_slot_ - ring_.size() : 0;
     for (std::uint64_t s = first; s < next_slot_; ++s) {
@@ -431,6 +414,7 @@ private:
   std::atomic<bool> faulted_{false};
   std::string fault_message_;
   bool timeout_written_ = false, error_written_ = false;
+  std::vector<std::pair<std::int64_t, std::int64_t>> stalls_;  // heartbeat gaps: (last tick, next tick)
 };
 
 //! The process's recorder.

@@ -4,7 +4,8 @@
 //! that issues collectives never waits on the host for one (comm::nccl's
 //! overlap depends on the host running ahead).
 //!
-//! Every tick (20 ms) it completes the collectives whose completion it polls
+//! Every tick (20 ms) it notes a heartbeat (a gap of a second or more: the
+//! process was stopped, recorded for tessera-doctor), completes the collectives whose completion it polls
 //! (CUDA events), asks each communicator for an asynchronous failure (NCCL),
 //! and on the first deadline passed or failure: prints one `tessera:` line,
 //! writes the trace file (comm/trace.hpp) and calls the communicator's fault
@@ -102,8 +103,14 @@ private:
     thread_ = std::thread([this, &rec] { run(rec); });
   }
   void run(trace::recorder& rec) {
+    std::int64_t tick = trace::now_us();
     while (!stop_.load()) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      // First, before a SIGTERM that came with a SIGCONT is handled: the
+      // gap of a stop must be in the file that SIGTERM writes.
+      const std::int64_t now = trace::now_us();
+      rec.heartbeat(tick, now);
+      tick = now;
       if (detail::dump_requested.exchange(false)) {
         const auto path = rec.dump("signal", "SIGUSR1");
         if (!path.empty()) std::fprintf(stderr, "tessera: trace written to %s (SIGUSR1)\n", path.c_str());

@@ -4,6 +4,7 @@
 // crashes, injected faults), the command-line agreement across ranks, the
 // final weights as one file, and eager steps where a net offers no step graph.
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <csignal>
 #include <cstdint>
@@ -19,6 +20,7 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "tessera/checkpoint/consolidate.hpp"
@@ -107,7 +109,8 @@ inline void agree_on_data(tessera::comm::mpi& world, const std::vector<data_dige
 //! The fault-injection hook of the never-hang tests (tests/fault):
 //! TESSERA_TEST_FAULT=<kind>:<rank>:<step> makes that rank, at the start of
 //! that step, stop (SIGSTOP), die (SIGKILL), throw a tessera::error, or spin
-//! outside the library (busy) forever.
+//! outside the library (busy) forever; stopwait stops it 30 ms later from
+//! another thread, wherever the step then is (most often inside a wait).
 inline void fault_hook(int rank, long step) {
   static const char* spec = std::getenv("TESSERA_TEST_FAULT");
   if (!spec) return;
@@ -122,6 +125,10 @@ inline void fault_hook(int rank, long step) {
   else if (k == "kill") std::raise(SIGKILL);
   else if (k == "error") throw tessera::error("TESSERA_TEST_FAULT: an error on rank " + std::to_string(rank) + " only");
   else if (k == "busy") for (volatile bool forever = true; forever;) {}
+  else if (k == "stopwait") std::thread([] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      std::raise(SIGSTOP);
+    }).detach();
 }
 
 //! Whether `path` can take the file `flag` writes at the end of the run,
