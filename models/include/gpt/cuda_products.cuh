@@ -23,10 +23,9 @@
 #include "tessera/backend/cuda/blaslt.hpp"
 #include "tessera/backend/cuda/buffer.hpp"
 #include "tessera/backend/cuda/stream.hpp"
+#include "trainer_kit/kernels/blas_workspace.cuh"
 #include "trainer_kit/product_forms.cuh"
 
-static_assert(gpt::workspace::cublaslt_bytes == tessera::cuda::matmul_workspace_bytes(),
-              "tessera-plan counts the cuBLASLt workspace the library allocates");
 static_assert(gpt::workspace::matmul_tuning_limit == tessera::cuda::matmul_tuning_scratch_bytes(),
               "tessera-plan counts the scratch the library's kernel tuning allocates");
 

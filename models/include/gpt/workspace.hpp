@@ -20,9 +20,7 @@ namespace gpt::workspace {
 //! at 60% of cuBLAS speed), and each chunk adds the fp32 gradient of the
 //! whole tied table once. 4096 rows of GPT-2's bf16 logits are 412 MB.
 inline constexpr std::size_t chunk_rows = 4096;
-//! cuBLASLt's workspace, one per (device, stream) (tessera/backend/cuda/blaslt.hpp),
-//! counted in the library's device memory like any buffer.
-inline constexpr std::size_t cublaslt_bytes = std::size_t(32) << 20;
+using trainer_kit::kernels::cublaslt_bytes;  // cuBLASLt's workspace (the kit's one figure)
 //! The products' kernel tuning (bf16 without --deterministic: each product
 //! keeps the fastest of cuBLASLt's first candidates, timed in the first
 //! step) times a weight gradient, which accumulates, on a scratch fp32 copy

@@ -27,6 +27,7 @@
 #include "tessera/backend/cuda/buffer.hpp"
 #include "tessera/backend/cuda/stream.hpp"
 #include "tessera/optim/step_graph.cuh"
+#include "trainer_kit/kernels/blas_workspace.cuh"
 #include "trainer_kit/attention.cuh"
 #include "trainer_kit/buffers.hpp"
 #include "trainer_kit/embedding.cuh"
@@ -36,9 +37,6 @@
 #include "trainer_kit/kernels/rope.cuh"
 
 namespace llama {
-
-static_assert(workspace::cublaslt_bytes == tessera::cuda::matmul_workspace_bytes(),
-              "tessera-plan counts the cuBLASLt workspace the library allocates");
 
 template <class Wrapper>
 class cuda_llama {

@@ -20,8 +20,7 @@ inline std::size_t chunk_rows(const model_shape& s, std::size_t n) {
   const std::size_t by_bytes = (std::size_t(256) << 20) / (2 * std::size_t(s.padded_vocab()));
   return std::min({std::size_t(4096), std::max<std::size_t>(by_bytes, 64), n});
 }
-//! cuBLASLt's workspace, one per (device, stream), counted in the library's memory.
-inline constexpr std::size_t cublaslt_bytes = std::size_t(32) << 20;
+using trainer_kit::kernels::cublaslt_bytes;  // cuBLASLt's workspace (the kit's one figure)
 
 //! The buffers cuda_llama<C> holds at `batch` sequences per micro-batch: every
 //! block's saved activations (one block's with recompute), the residual

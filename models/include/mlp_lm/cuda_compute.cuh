@@ -30,13 +30,11 @@
 #include "tessera/backend/cuda/blaslt.hpp"
 #include "tessera/backend/cuda/buffer.hpp"
 #include "tessera/backend/cuda/stream.hpp"
+#include "trainer_kit/kernels/blas_workspace.cuh"
 #include "trainer_kit/buffers.hpp"
 #include "trainer_kit/product_forms.cuh"
 
 namespace mlp_lm {
-
-static_assert(workspace::cublaslt_bytes == tessera::cuda::matmul_workspace_bytes(),
-              "mlp_lm/workspace.hpp's cuBLASLt workspace (what tessera-plan counts) differs from the library's");
 
 template <class Wrapper>
 class cuda_mlp {

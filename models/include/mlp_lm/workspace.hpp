@@ -77,9 +77,6 @@ inline lend_regions lend_capacity(const model_shape& s, std::size_t n) {
   return {n * std::size_t(s.d), block_stride(s, n), n * std::size_t(vocab)};
 }
 
-//! cuBLASLt's workspace in the CUDA trainer (tessera::cuda::matmul_workspace_bytes(),
-//! which cuda_compute.cuh checks against this at compile time; host code cannot
-//! include blaslt.hpp).
-constexpr std::size_t cublaslt_bytes = std::size_t(32) << 20;
+using trainer_kit::kernels::cublaslt_bytes;  // cuBLASLt's workspace (the kit's one figure)
 
 }  // namespace mlp_lm::workspace
