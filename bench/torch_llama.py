@@ -11,8 +11,9 @@ weights only) fused, global-norm clipping, linear warm-up then a cosine to
 fp32; --compile runs torch.compile(model), as a plain PyTorch user would.
 
 --weights FILE starts from tessera-llama's --dump-weights (with --steps 0: its
-initial weights); without it the model initialises N(0, 0.02) and trains on
-random tokens (the speed setting). Prints one JSON line per step ({"step",
+initial weights); without it the model initialises N(0, 0.02). --text FILE
+trains on the file's bytes, on the batches tessera-llama --text draws; without
+it on random tokens (the speed setting). Prints one JSON line per step ({"step",
 "loss", "grad_norm", "lr", "ms", "tokens_per_s"}) and a summary ({"summary":
 true, "tokens_per_s", "peak_bytes"})."""
 import argparse
@@ -125,6 +126,8 @@ def main():
     ap.add_argument('--weight-decay', type=float, default=0.1)
     ap.add_argument('--seed', type=int, default=1)
     ap.add_argument('--precision', choices=['fp32', 'bf16'], default='bf16')
+    ap.add_argument('--text', help="train on this file's bytes, on the very batches tessera-llama --text draws "
+                                   "(its sampler: bench/torch_gpt2.py's window)")
     ap.add_argument('--compile', action='store_true')
     ap.add_argument('--profile', metavar='FILE',
                     help="the last step under torch.profiler: its CUDA kernels' table into FILE (slows that step)")
@@ -165,6 +168,10 @@ def main():
     fwd = torch.compile(model) if a.compile else model
     T, G = a.seq, a.batch
     gen = torch.Generator(device=dev).manual_seed(a.seed)
+    if a.text:
+        from torch_gpt2 import window  # the trainers' sampler, written once for the Python peers
+        toks = torch.from_numpy(np.frombuffer(open(a.text, 'rb').read(), dtype=np.uint8).astype(np.int64))
+        windows = len(toks) - T
     times = []
     torch.cuda.reset_peak_memory_stats()
     prof = None
@@ -174,7 +181,10 @@ def main():
             prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
             prof.__enter__()
         t0 = time.perf_counter()
-        seqs = torch.randint(0, cfg['vocab'], (G, T + 1), device=dev, generator=gen)
+        if a.text:
+            seqs = torch.stack([toks[w:w + T + 1] for w in (window(a.seed, step, g, windows) for g in range(G))]).to(dev)
+        else:
+            seqs = torch.randint(0, cfg['vocab'], (G, T + 1), device=dev, generator=gen)
         with torch.autocast('cuda', dtype=torch.bfloat16, enabled=a.precision == 'bf16'):
             loss = fwd(seqs[:, :-1], seqs[:, 1:])
         (loss / (G * T)).backward()

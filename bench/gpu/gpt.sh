@@ -72,7 +72,7 @@ else
   fi
   if [[ " $gpt_parts " == *" torch "* ]]; then
     for prec in fp32 bf16; do
-      if python3 tests/gpt/compare_torch.py "$bin/tessera-gpt" bench/torch_gpt2.py "$gpt_text" $prec \
+      if python3 tests/trainer/compare_torch.py "$bin/tessera-gpt" bench/torch_gpt2.py "$gpt_text" $prec \
            "${TESSERA_GPT_STEPS:-50}" >"$LOGS/gpt-torch-$prec.log" 2>&1; then
         log "PASS gpt = torch ($prec): $(tail -1 "$LOGS/gpt-torch-$prec.log")"
       else
@@ -82,7 +82,7 @@ else
     done
     # TESSERA_GPT_ALSO (e.g. "--attention flash"): the bf16 comparison again with those flags, same data.
     if [ -n "${TESSERA_GPT_ALSO:-}" ]; then
-      if python3 tests/gpt/compare_torch.py "$bin/tessera-gpt" bench/torch_gpt2.py "$gpt_text" bf16 \
+      if python3 tests/trainer/compare_torch.py "$bin/tessera-gpt" bench/torch_gpt2.py "$gpt_text" bf16 \
            "${TESSERA_GPT_STEPS:-50}" $TESSERA_GPT_ALSO >"$LOGS/gpt-torch-bf16-also.log" 2>&1; then
         log "PASS gpt = torch (bf16, $TESSERA_GPT_ALSO): $(tail -1 "$LOGS/gpt-torch-bf16-also.log")"
       else

@@ -5,6 +5,9 @@
 #    with --recompute): every logged loss within 1e-5 relative; bf16 within 2e-2;
 #  - hf: tests/llama/check_hf.py (transformers' LlamaForCausalLM, in: random models
 #    it saved, fp32 and bf16, tied and untied; out: the trainer's weights exported);
+#  - torch: tests/trainer/compare_torch.py, tessera-llama against bench/torch_llama.py from the
+#    same initial weights on the same batches of $TESSERA_GPT_TEXT, fp32 (1e-4 at every step)
+#    and bf16 (each curve against PyTorch's fp32 one), $TESSERA_LLAMA_STEPS (50) steps;
 #  - speed: each "model:batch" of $TESSERA_LLAMA_SIZES (default llama3.2-1b:4), bf16,
 #    seq $TESSERA_LLAMA_SEQ (2048), random tokens, beside bench/torch_llama.py
 #    --compile (a plain PyTorch Llama, SDPA with grouped kv heads, fused AdamW) at
@@ -12,8 +15,8 @@
 #  - profile (not by default): one step of the first size under Nsight Compute, each
 #    kernel timed alone, summed by kernel name; torch.compile's last step under
 #    torch.profiler beside it (its kernels' table).
-# TESSERA_LLAMA_PARTS="curves hf speed profile" picks parts.
-llama_parts=${TESSERA_LLAMA_PARTS:-curves hf speed}
+# TESSERA_LLAMA_PARTS="curves hf torch speed profile" picks parts.
+llama_parts=${TESSERA_LLAMA_PARTS:-curves hf torch speed}
 L="$bin/tessera-llama"
 if [[ " $llama_parts " == *" curves "* ]]; then
   small="--layers 2 --heads 8 --kv-heads 2 --d 128 --ffn 320 --vocab 512 --seq 64 --batch 4 --steps 12 --log-every 1 --lr 2e-3 --json --text"
@@ -53,6 +56,17 @@ if [[ " $llama_parts " == *" hf "* ]]; then
   else
     log "FAIL llama hf"; tail -20 "$LOGS/llama-hf.log" | tee -a "$OUT/summary.txt"; status=1
   fi
+fi
+if [[ " $llama_parts " == *" torch "* ]]; then
+  for prec in fp32 bf16; do
+    if python3 tests/trainer/compare_torch.py "$L" bench/torch_llama.py "$TESSERA_GPT_TEXT" $prec \
+         "${TESSERA_LLAMA_STEPS:-50}" >"$LOGS/llama-torch-$prec.log" 2>&1; then
+      log "PASS llama = torch ($prec): $(tail -1 "$LOGS/llama-torch-$prec.log")"
+    else
+      log "FAIL llama = torch ($prec)"; tail -20 "$LOGS/llama-torch-$prec.log"; status=1
+    fi
+    grep -E '^step|^bf16 from' "$LOGS/llama-torch-$prec.log" >>"$OUT/summary.txt"
+  done
 fi
 if [[ " $llama_parts " == *" speed "* ]]; then
   seq=${TESSERA_LLAMA_SEQ:-2048}

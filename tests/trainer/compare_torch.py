@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""tessera-gpt against bench/torch_gpt2.py on the GPU: both start from
-tessera-gpt's initial weights (--steps 0 --dump-weights) and take the same
-batches of the same text, and their loss curves are compared step by step
-(worst and mean relative difference printed).
+"""A reference trainer against its plain-PyTorch peer on the GPU (tessera-gpt
+and bench/torch_gpt2.py, tessera-llama and bench/torch_llama.py): both start
+from the trainer's initial weights (--steps 0 --dump-weights) and take the
+same batches of the same text, and their loss curves are compared step by
+step (worst and mean relative difference printed). The model (a small one of
+each family) follows from the peer's name.
 
 fp32: the two curves agree to 1e-4 at every step.
 
@@ -16,19 +18,24 @@ curves within 3e-2 of each other at every step. (The old rule, the two bf16
 curves within 2e-2, failed on a loss spike where tessera-gpt was nearer the
 fp32 curve than PyTorch was.)
 
-Usage: compare_torch.py TRAINER TORCH_GPT2 TEXT PRECISION STEPS [TRAINER FLAGS...]"""
+Usage: compare_torch.py TRAINER TORCH_PEER TEXT PRECISION STEPS [TRAINER FLAGS...]"""
 import json
 import os
 import subprocess
 import sys
 import tempfile
 
-trainer, torch_gpt2, text, precision, steps = sys.argv[1:6]
+trainer, peer, text, precision, steps = sys.argv[1:6]
 extra = sys.argv[6:]
-tmp = tempfile.mkdtemp(prefix='tessera-gpt-torch-')
+llama = 'llama' in os.path.basename(peer)
+tmp = tempfile.mkdtemp(prefix='tessera-torch-')
 init = os.path.join(tmp, 'init.safetensors')
-model = ['--layers', '4', '--heads', '4', '--d', '256', '--seq', '128', '--batch', '8', '--lr', '1e-3', '--warmup', '5',
-         '--min-lr', '1e-4', '--clip', '1.0', '--seed', '3']
+# The peer reads the shape from the weights file; the trainer is told it.
+shape = (['--layers', '4', '--heads', '8', '--kv-heads', '2', '--d', '256', '--ffn', '688', '--vocab', '256']
+         if llama else ['--layers', '4', '--heads', '4', '--d', '256'])
+peer_only = [] if llama else ['--attention', 'math']
+model = shape + ['--seq', '128', '--batch', '8', '--lr', '1e-3', '--warmup', '5', '--min-lr', '1e-4', '--clip', '1.0',
+                 '--seed', '3']
 common = model + ['--data', text, '--text', '--precision', precision]
 subprocess.run([trainer, '--backend', 'cuda', '--steps', '0', '--dump-weights', init] + common, check=True,
                capture_output=True)
@@ -39,9 +46,9 @@ ours = {j['step']: j['loss'] for j in map(json.loads, (l for l in res.stdout.spl
 
 
 def torch_curve(prec):
-    res = subprocess.run([sys.executable, torch_gpt2, '--weights', init, '--text', text, '--seq', '128', '--batch', '8',
+    res = subprocess.run([sys.executable, peer, '--weights', init, '--text', text, '--seq', '128', '--batch', '8',
                           '--steps', steps, '--lr', '1e-3', '--warmup', '5', '--min-lr', '1e-4', '--clip', '1.0',
-                          '--seed', '3', '--precision', prec, '--attention', 'math'],
+                          '--seed', '3', '--precision', prec] + peer_only,
                          check=True, capture_output=True, text=True)
     return {j['step']: j['loss'] for j in map(json.loads, (l for l in res.stdout.splitlines() if l.startswith('{')))
             if 'step' in j}
