@@ -27,6 +27,20 @@ run_np() {  # run_np NAME NP BINARY ARGS...: one multi-rank run with its own tim
 }
 
 # The binaries: prebuilt ones from $TESSERA_GPU_BIN, else a release build here (build-gpu/bin).
+# torch_curves NAME TRAINER PEER STEPS: tests/trainer/compare_torch.py in fp32 and bf16 (the trainer
+# against its plain-PyTorch peer from the same weights on the same batches of $TESSERA_GPT_TEXT).
+torch_curves() {
+  local name=$1 trainer=$2 peer=$3 steps=$4 prec
+  for prec in fp32 bf16; do
+    if python3 tests/trainer/compare_torch.py "$trainer" "$peer" "$TESSERA_GPT_TEXT" $prec "$steps" \
+         >"$LOGS/$name-torch-$prec.log" 2>&1; then
+      log "PASS $name = torch ($prec): $(tail -1 "$LOGS/$name-torch-$prec.log")"
+    else
+      log "FAIL $name = torch ($prec)"; tail -20 "$LOGS/$name-torch-$prec.log"; status=1
+    fi
+    grep -E '^step|^bf16 from' "$LOGS/$name-torch-$prec.log" >>"$OUT/summary.txt"
+  done
+}
 gpu_binaries() {
   bin=${TESSERA_GPU_BIN:-}
   if [ -n "$bin" ] && [ -n "${TESSERA_GPU_TARGETS:-}" ]; then  # just those, prebuilt

@@ -71,15 +71,7 @@ else
     grep -E '^--|^worst|^GPU|^step|^sample|^done|FAIL' "$LOGS/gpt-curves.log" | tee -a "$OUT/summary.txt"
   fi
   if [[ " $gpt_parts " == *" torch "* ]]; then
-    for prec in fp32 bf16; do
-      if python3 tests/trainer/compare_torch.py "$bin/tessera-gpt" bench/torch_gpt2.py "$gpt_text" $prec \
-           "${TESSERA_GPT_STEPS:-50}" >"$LOGS/gpt-torch-$prec.log" 2>&1; then
-        log "PASS gpt = torch ($prec): $(tail -1 "$LOGS/gpt-torch-$prec.log")"
-      else
-        log "FAIL gpt = torch ($prec)"; tail -20 "$LOGS/gpt-torch-$prec.log"; status=1
-      fi
-      grep -E '^step|^bf16 from' "$LOGS/gpt-torch-$prec.log" >>"$OUT/summary.txt"
-    done
+    torch_curves gpt "$bin/tessera-gpt" bench/torch_gpt2.py "${TESSERA_GPT_STEPS:-50}"
     # TESSERA_GPT_ALSO (e.g. "--attention flash"): the bf16 comparison again with those flags, same data.
     if [ -n "${TESSERA_GPT_ALSO:-}" ]; then
       if python3 tests/trainer/compare_torch.py "$bin/tessera-gpt" bench/torch_gpt2.py "$gpt_text" bf16 \

@@ -58,15 +58,7 @@ if [[ " $llama_parts " == *" hf "* ]]; then
   fi
 fi
 if [[ " $llama_parts " == *" torch "* ]]; then
-  for prec in fp32 bf16; do
-    if python3 tests/trainer/compare_torch.py "$L" bench/torch_llama.py "$TESSERA_GPT_TEXT" $prec \
-         "${TESSERA_LLAMA_STEPS:-50}" >"$LOGS/llama-torch-$prec.log" 2>&1; then
-      log "PASS llama = torch ($prec): $(tail -1 "$LOGS/llama-torch-$prec.log")"
-    else
-      log "FAIL llama = torch ($prec)"; tail -20 "$LOGS/llama-torch-$prec.log"; status=1
-    fi
-    grep -E '^step|^bf16 from' "$LOGS/llama-torch-$prec.log" >>"$OUT/summary.txt"
-  done
+  torch_curves llama "$L" bench/torch_llama.py "${TESSERA_LLAMA_STEPS:-50}"
 fi
 if [[ " $llama_parts " == *" speed "* ]]; then
   seq=${TESSERA_LLAMA_SEQ:-2048}
