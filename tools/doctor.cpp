@@ -214,6 +214,9 @@ verdict diagnose(const std::map<int, rank_trace>& traces, int world) {
   for (const auto& [r, t] : traces)
     if (t.reason == "timeout") cut = std::min(cut, t.time_us);
   auto issued_by_cut = [&](const call& x) { return x.issued_us <= cut; };
+  // A wait that began after the cut began when a stopped rank was woken to
+  // end the job: not a wait by then.
+  auto waited_by_cut = [&](const call& x) { return x.waiting_us != 0 && x.waiting_us <= cut; };
   auto pending_at_cut = [&](const call& x) {
     return issued_by_cut(x) && (x.state == "issued" || x.completed_us == 0 || x.completed_us > cut);
   };
@@ -240,9 +243,7 @@ verdict diagnose(const std::map<int, rank_trace>& traces, int world) {
       what = &x->second;
       if (pending_at_cut(x->second)) {
         waiting.push_back(r);
-        // (a wait that began after the cut began when a stopped rank was woken: not a wait by then)
-        const bool waited = x->second.waiting_us != 0 && x->second.waiting_us <= cut;
-        const std::int64_t t0 = waited ? x->second.waiting_us : x->second.issued_us;
+        const std::int64_t t0 = waited_by_cut(x->second) ? x->second.waiting_us : x->second.issued_us;
         since = since ? std::min(since, t0) : t0;
       } else {
         done.push_back(r);
@@ -257,14 +258,12 @@ verdict diagnose(const std::map<int, rank_trace>& traces, int world) {
     auto waits_elsewhere = [&](const rank_trace& t) {
       for (const auto& [cc, m] : t.calls)
         for (const auto& [s, x] : m)
-          if (x.waiting_us != 0 && x.waiting_us <= cut && pending_at_cut(x) && !(cc == c && (long long)s == k))
-            return true;
+          if (waited_by_cut(x) && pending_at_cut(x) && !(cc == c && (long long)s == k)) return true;
       return false;
     };
     std::vector<int> never_waited;
     for (int r : waiting)
-      if (const auto& x = traces.at(r).calls.at(c).at(std::uint64_t(k));
-          (x.waiting_us == 0 || x.waiting_us > cut) && !waits_elsewhere(traces.at(r)))
+      if (!waited_by_cut(traces.at(r).calls.at(c).at(std::uint64_t(k))) && !waits_elsewhere(traces.at(r)))
         never_waited.push_back(r);
     if (never_waited.size() < waiting.size())
       for (int r : never_waited) absent.push_back(r), std::erase(waiting, r);
