@@ -60,7 +60,7 @@ gpu_binaries() {
     ${TESSERA_CUDNN_FRONTEND:+-Dcudnn-frontend=$TESSERA_CUDNN_FRONTEND} >"$LOGS/build.log" 2>&1
   # TESSERA_GPU_TARGETS narrows the build (e.g. "examples/tessera-gpt tools/tessera-plan" for the gpt stage).
   local targets=(${TESSERA_GPU_TARGETS:-tests/test-kernels-cuda tests/test-strategies-cuda tests/test-mlp-kernels-cuda
-                 tests/test-gpt-kernels-cuda bench/tessera-bench-optim bench/tessera-bench-train bench/tessera-bench-rows bench/tessera-bench-init
+                 tests/test-gpt-kernels-cuda tests/test-fp8-cuda bench/tessera-bench-optim bench/tessera-bench-train bench/tessera-bench-rows bench/tessera-bench-init
                  bench/tessera-collectives examples/tessera-mlp-lm examples/tessera-gpt tools/tessera-consolidate
                  tools/tessera-doctor tools/tessera-plan tests/fault-divergent})
   # Without Boost (the GPU machine has none) meson builds no suites: build what it knows.

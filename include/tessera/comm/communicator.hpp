@@ -39,6 +39,14 @@ enum class reduce_op { sum, avg, max, min };
   return "?";
 }
 
+//! Refuses a reduction of fp8 elements: fp8 is gathered, never summed (its
+//! rounding would compound over ranks, and MPI has no fp8 arithmetic). Every
+//! communicator calls it, so one rank and many refuse alike.
+inline void check_reducible(dtype t, reduce_op op, const char* comm) {
+  TESSERA_CHECK(!is_fp8(t), comm, ": a ", name_of(op), " reduction of ", tessera::name_of(t),
+                " elements; fp8 is gathered, not reduced (reduce in bf16 or fp32)");
+}
+
 //! An operation in flight. wait() completes it (and rethrows its failure);
 //! a request destroyed while pending waits first, and terminates on failure
 //! because a destructor cannot report it.

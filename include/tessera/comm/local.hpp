@@ -17,8 +17,14 @@ public:
   [[nodiscard]] int size() const noexcept { return 1; }
 
   void all_gather(const void* s, void* r, std::size_t n, dtype t) { move(s, r, n, t); }
-  void reduce_scatter(const void* s, void* r, std::size_t n, dtype t, reduce_op) { move(s, r, n, t); }
-  void all_reduce(const void* s, void* r, std::size_t n, dtype t, reduce_op) { move(s, r, n, t); }
+  void reduce_scatter(const void* s, void* r, std::size_t n, dtype t, reduce_op o) {
+    check_reducible(t, o, "comm::local");
+    move(s, r, n, t);
+  }
+  void all_reduce(const void* s, void* r, std::size_t n, dtype t, reduce_op o) {
+    check_reducible(t, o, "comm::local");
+    move(s, r, n, t);
+  }
   void broadcast(void*, std::size_t, dtype, int root) {
     TESSERA_CHECK(root == 0, "broadcast from root ", root, " in a world of 1 rank");
   }

@@ -119,12 +119,14 @@ public:
     done(tk, MPI_Allgather(src, cnt, type(t), r, cnt, type(t), comm_), "MPI_Allgather", n, t);
   }
   void reduce_scatter(const void* s, void* r, std::size_t n, dtype t, reduce_op op) {
+    check_reducible(t, op, "comm::mpi");  // before the trace records a call
     const int cnt = count(n, "reduce_scatter");
     const auto tk = begin("reduce_scatter", n, t, true);
     done(tk, MPI_Reduce_scatter_block(s, r, cnt, type(t), mpi_op(t, op), comm_), "MPI_Reduce_scatter_block", n, t);
     if (op == reduce_op::avg) scale(r, n, t);
   }
   void all_reduce(const void* s, void* r, std::size_t n, dtype t, reduce_op op) {
+    check_reducible(t, op, "comm::mpi");  // before the trace records a call
     const int cnt = count(n, "all_reduce");
     const auto tk = begin("all_reduce", n, t, true);
     done(tk, MPI_Allreduce(s == r ? MPI_IN_PLACE : s, r, cnt, type(t), mpi_op(t, op), comm_), "MPI_Allreduce", n, t);
@@ -149,6 +151,7 @@ public:
     return finish(q, tk, "MPI_Iallgather", nullptr, 0, t);
   }
   request ireduce_scatter(const void* s, void* r, std::size_t n, dtype t, reduce_op op) {
+    check_reducible(t, op, "comm::mpi");  // before the trace records a call
     const int cnt = count(n, "ireduce_scatter");
     MPI_Request q;
     const auto tk = begin("reduce_scatter", n, t, false);
@@ -156,6 +159,7 @@ public:
     return finish(q, tk, "MPI_Ireduce_scatter_block", op == reduce_op::avg ? r : nullptr, n, t);
   }
   request iall_reduce(const void* s, void* r, std::size_t n, dtype t, reduce_op op) {
+    check_reducible(t, op, "comm::mpi");  // before the trace records a call
     const int cnt = count(n, "iall_reduce");
     MPI_Request q;
     const auto tk = begin("all_reduce", n, t, false);
@@ -322,7 +326,7 @@ private:
       case dtype::bf16: case dtype::f16: return MPI_UINT16_T;
       case dtype::i32: return MPI_INT32_T;
       case dtype::i64: return MPI_INT64_T;
-      case dtype::u8: return MPI_UINT8_T;
+      case dtype::u8: case dtype::f8e4m3: case dtype::f8e5m2: return MPI_UINT8_T;
     }
     return MPI_DATATYPE_NULL;
   }

@@ -249,10 +249,12 @@ public:
     return run("all_gather", n, t, [&] { return ncclAllGather(s, r, n, type(t), comm_, stream_.get()); });
   }
   [[nodiscard]] request ireduce_scatter(const void* s, void* r, std::size_t n, dtype t, reduce_op op) {
+    check_reducible(t, op, "comm::nccl");
     return run("reduce_scatter", n, t,
                [&] { return ncclReduceScatter(s, r, n, type(t), nccl_op(op), comm_, stream_.get()); });
   }
   [[nodiscard]] request iall_reduce(const void* s, void* r, std::size_t n, dtype t, reduce_op op) {
+    check_reducible(t, op, "comm::nccl");
     return run("all_reduce", n, t, [&] { return ncclAllReduce(s, r, n, type(t), nccl_op(op), comm_, stream_.get()); });
   }
 
@@ -328,6 +330,8 @@ private:
       case dtype::i32: return ncclInt32;
       case dtype::i64: return ncclInt64;
       case dtype::u8: return ncclUint8;
+      case dtype::f8e4m3: return ncclFloat8e4m3;
+      case dtype::f8e5m2: return ncclFloat8e5m2;
     }
     return ncclFloat32;
   }

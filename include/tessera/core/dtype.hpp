@@ -117,7 +117,11 @@ TESSERA_HOST_DEVICE inline To convert(From x) noexcept {
 }
 
 //! Runtime element type tag, used by communicators and checkpoints.
-enum class dtype : std::uint8_t { f32, f64, bf16, f16, i32, i64, u8 };
+//! f8e4m3 and f8e5m2 (core/fp8.hpp) are gathered and stored, never reduced.
+enum class dtype : std::uint8_t { f32, f64, bf16, f16, i32, i64, u8, f8e4m3, f8e5m2 };
+
+//! Whether a runtime dtype is one of the two fp8 formats.
+[[nodiscard]] constexpr bool is_fp8(dtype t) noexcept { return t == dtype::f8e4m3 || t == dtype::f8e5m2; }
 
 template <class T> struct dtype_of;
 template <> struct dtype_of<float> { static constexpr dtype value = dtype::f32; };
@@ -144,7 +148,7 @@ concept floating_element = std::is_same_v<T, float> || std::is_same_v<T, double>
     case dtype::f64: case dtype::i64: return 8;
     case dtype::f32: case dtype::i32: return 4;
     case dtype::bf16: case dtype::f16: return 2;
-    case dtype::u8: return 1;
+    case dtype::u8: case dtype::f8e4m3: case dtype::f8e5m2: return 1;
   }
   return 0;
 }
@@ -159,6 +163,8 @@ concept floating_element = std::is_same_v<T, float> || std::is_same_v<T, double>
     case dtype::i32: return "I32";
     case dtype::i64: return "I64";
     case dtype::u8: return "U8";
+    case dtype::f8e4m3: return "F8_E4M3";
+    case dtype::f8e5m2: return "F8_E5M2";
   }
   return "?";
 }

@@ -11,6 +11,7 @@
 
 #include "tessera/backend/cuda/stream.hpp"
 #include "tessera/core/dtype.hpp"
+#include "tessera/core/fp8.hpp"
 
 namespace tessera::detail {
 [[noreturn]] inline void throw_cublas_error(cublasStatus_t rc, const char* call, ::tessera::source_location where) {
@@ -62,6 +63,8 @@ template <class T> constexpr cudaDataType_t cuda_type() {
   if constexpr (std::is_same_v<T, float>) return CUDA_R_32F;
   else if constexpr (std::is_same_v<T, bf16>) return CUDA_R_16BF;
   else if constexpr (std::is_same_v<T, fp16>) return CUDA_R_16F;
+  else if constexpr (std::is_same_v<T, e4m3>) return CUDA_R_8F_E4M3;
+  else if constexpr (std::is_same_v<T, e5m2>) return CUDA_R_8F_E5M2;
   else return CUDA_R_64F;
 }
 }  // namespace detail

@@ -151,6 +151,14 @@ inline lt_state& lt_thread_state() {
   thread_local lt_state s;
   return s;
 }
+// The workspace of the current device and stream s, allocated at first use.
+inline buffer<std::byte>& lt_workspace(lt_state& st, cudaStream_t s) {
+  int dev = 0;
+  TESSERA_CUDA(cudaGetDevice(&dev));
+  auto& ws = st.workspaces[{dev, s}];
+  if (ws.size() == 0) ws = buffer<std::byte>(lt_workspace_bytes);
+  return ws;
+}
 
 // cuBLASLt's candidates for plan, best first, within the workspace we give it.
 inline cublasStatus_t heuristic(lt_state& st, const lt_plan& plan, std::span<cublasLtMatmulHeuristicResult_t> out,
@@ -164,6 +172,16 @@ inline cublasStatus_t heuristic(lt_state& st, const lt_plan& plan, std::span<cub
                                                            int(out.size()), out.data(), &found);
   cublasLtMatmulPreferenceDestroy(pref);
   return rc;
+}
+
+// Puts the heuristic's first kernel into plan; false (rc says why) when there is none.
+inline bool take_first_algo(lt_state& st, lt_plan& plan, cublasStatus_t& rc) {
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  rc = heuristic(st, plan, std::span(&result, 1), found);
+  if (rc != CUBLAS_STATUS_SUCCESS || found == 0) return false;
+  plan.algo = result.algo;
+  return true;
 }
 
 }  // namespace detail
@@ -313,17 +331,14 @@ lt_plan* lt_plan_for(const matmul_problem<TA, TD>& p, bool throw_if_none) {
   TESSERA_CUBLAS(cublasLtMatrixLayoutCreate(&plan->b, cuda_type<TA>(), p.trans_a ? p.m : p.k, p.trans_a ? p.k : p.m, lda));
   TESSERA_CUBLAS(cublasLtMatrixLayoutCreate(&plan->d, cuda_type<TD>(), p.n, p.m, ldd));
 
-  cublasLtMatmulHeuristicResult_t result{};
-  int found = 0;
-  const cublasStatus_t rc = heuristic(st, *plan, std::span(&result, 1), found);
-  if (rc != CUBLAS_STATUS_SUCCESS || found == 0) {
+  cublasStatus_t rc = CUBLAS_STATUS_SUCCESS;
+  if (!take_first_algo(st, *plan, rc)) {
     st.plans.erase(key);
     if (!throw_if_none) return nullptr;
     tessera::detail::fail(tessera::detail::concat(
         "cuBLASLt has no kernel for ", p.trans_a ? "A^T" : "A", " x ", p.trans_b ? "B^T" : "B", " with m=", p.m,
         " n=", p.n, " k=", p.k, ", epilogue ", epilogue_name(p.ep), " (", cublasGetStatusString(rc), ")"));
   }
-  plan->algo = result.algo;
   slot = std::move(plan);
   return slot.get();
 }
@@ -358,11 +373,8 @@ void matmul(const matmul_problem<TA, TD>& p) {
     const void* ap = p.aux;
     TESSERA_CUBLAS(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ap, sizeof ap));
   }
-  int dev = 0;
-  TESSERA_CUDA(cudaGetDevice(&dev));
   auto& st = detail::lt_thread_state();
-  auto& ws = st.workspaces[{dev, s}];
-  if (ws.size() == 0) ws = buffer<std::byte>(detail::lt_workspace_bytes);
+  auto& ws = detail::lt_workspace(st, s);
   if (st.tuning > 1 && !plan->timed) detail::tune(st, *plan, p, ws, s);
   TESSERA_CUBLAS(detail::lt_run(st, *plan, plan->algo, p, p.c ? p.c : p.d, p.d, ws, s));
 }
