@@ -22,6 +22,10 @@
 //   mixed    all-gather: the bf16 compute shard written from fp32 main weights,
 //            then gathered in bf16; reduce-scatter: bf16 gradients reduced in
 //            fp32 (cast to the fp32 wire, then reduce-scattered)
+//   fp8      all-gather only: the same fp32 main shard as mixed's, gathered as
+//            e4m3 codes by fp8_gather (one amax all-reduce, the cast, the
+//            all-gather of half mixed's bytes), at mixed's element count per
+//            size, so the two rows of a size are the same tensor
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -336,6 +340,25 @@ private:
     }
   }
 
+  // ---- fp8 weight gathers: mixed's tensor in half the bytes ----
+  void fp8(const std::string& op, std::size_t bytes, std::vector<row>& rows) {
+    if (op != "all_gather") return;
+    const std::size_t N = std::size_t(N_), n = std::max<std::size_t>(bytes / sizeof(bf16) / N, 1);
+    buf<float> main(n);
+    ops::for_each(n, iota_fn<float>{main.data(), r_, 0});
+    fp8_gather<e4m3, B> g(c_, n);
+    auto call = [&] { g.gather(std::span<const float>(main.span())); };
+    call();
+    const auto got = host_copy(g.full());
+    long wrong = 0;
+    float amax = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) amax = std::max(amax, std::fabs(iota_value<float>(int(i / n), i % n)));
+    const float scale = fp8::scale_for<e4m3>(amax, 1.0f);
+    for (std::size_t i = 0; i < got.size(); ++i)
+      wrong += got[i].bits != fp8::cast<e4m3>(iota_value<float>(int(i / n), i % n), scale).bits;
+    emit(rows, op, "fp8", "inplace", "f32>e4m3", n * N, n, time_batch(call), wrong);
+  }
+
   static std::string name() {
     if constexpr (std::is_same_v<T, float>) return "float";
     else if constexpr (std::is_same_v<T, bf16>) return "bf16";
@@ -368,6 +391,7 @@ void bench<B, T, Comm>::measure(const std::string& op, const std::string& impl, 
   if (impl == "raw") return raw(op, bytes, rows);
   if (impl == "sharded") return sharded(op, bytes, rows);
   if (impl == "mixed") return mixed(op, bytes, rows);
+  if (impl == "fp8") return fp8(op, bytes, rows);
   if (impl == "unit" || impl == "unit2" || impl == "units") {
     // T everywhere; 16-bit types keep fp32 main weights (a config rule).
     using P = std::conditional_t<std::is_same_v<T, float> || std::is_same_v<T, double>, full_precision<T>,

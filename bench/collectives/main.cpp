@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
   app.add_option("-o,--ops", o.ops, "operations")
       ->delimiter(',')
       ->check(CLI::IsMember({"all_gather", "reduce_scatter", "all_reduce", "broadcast"}));
-  app.add_option("-i,--impls", o.impls, "implementations")->delimiter(',')->check(CLI::IsMember({"raw", "sharded", "unit", "unit2", "units", "mixed"}));
+  app.add_option("-i,--impls", o.impls, "implementations")->delimiter(',')->check(CLI::IsMember({"raw", "sharded", "unit", "unit2", "units", "mixed", "fp8"}));
   app.add_option("--json", o.json, "write every row as JSON to this file");
   app.add_option("--min-busbw", o.min_busbw, "exit 1 when a row's bus bandwidth (GB/s) falls under this");
   app.add_option("--backend", backend, "host or cuda")->check(CLI::IsMember({"host", "cuda"}));

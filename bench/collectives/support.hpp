@@ -20,7 +20,7 @@ struct options {
   std::string dtype = "float";
   int warmup = 5, iters = 20;
   std::vector<std::string> ops = {"all_gather", "reduce_scatter", "all_reduce", "broadcast"};
-  std::vector<std::string> impls = {"raw", "sharded", "unit", "unit2", "units", "mixed"};
+  std::vector<std::string> impls = {"raw", "sharded", "unit", "unit2", "units", "mixed", "fp8"};
   std::string json;
   double min_busbw = 0;  // GB/s, applies to every row with an nonzero bus factor
   bool check = true;

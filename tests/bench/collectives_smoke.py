@@ -25,13 +25,19 @@ with tempfile.TemporaryDirectory() as d:
     seen = {(r['op'], r['impl']) for r in run['rows']}
     want = {('all_gather', i) for i in ('raw', 'sharded', 'unit', 'unit2', 'mixed')} | \
            {('reduce_scatter', i) for i in ('raw', 'sharded', 'unit', 'unit2', 'mixed')} | \
-           {('all_reduce', 'raw'), ('all_reduce', 'unit'), ('broadcast', 'raw'), ('all_gather', 'units')}
+           {('all_reduce', 'raw'), ('all_reduce', 'unit'), ('broadcast', 'raw'), ('all_gather', 'units'),
+            ('all_gather', 'fp8')}
     assert want <= seen, f'missing rows: {want - seen}'
     # raw out of place is also timed one run at a time, as the unit rows are
     alone = {(r['op'], r['bytes']) for r in run['rows'] if r['impl'] == 'raw' and r['placement'] == 'alone'}
     outp = {(r['op'], r['bytes']) for r in run['rows'] if r['impl'] == 'raw' and r['placement'] == 'outplace'}
     assert alone == outp and alone, f'raw alone rows {sorted(alone)} against out-of-place {sorted(outp)}'
     assert all(r['wrong'] == 0 for r in run['rows'])
+    # fp8 gathers move half the bytes of mixed's bf16 gathers of the same tensor
+    mixed = {r['count']: r['bytes'] for r in run['rows'] if r['op'] == 'all_gather' and r['impl'] == 'mixed'}
+    fp8 = {r['count']: r['bytes'] for r in run['rows'] if r['op'] == 'all_gather' and r['impl'] == 'fp8'}
+    assert fp8 and fp8.keys() == mixed.keys(), (fp8, mixed)
+    assert all(2 * fp8[n] == mixed[n] for n in fp8), (fp8, mixed)
     assert all(r['time_us'] > 0 and r['algbw_gbs'] > 0 for r in run['rows'])
     # --min-busbw far above what a host can do must fail with exit 1
     bad = subprocess.run(cmd[:-2] + ['--min-busbw', '1e9'], capture_output=True, text=True, timeout=300)
