@@ -1,7 +1,8 @@
 // fp8 on the GPU: the library's conversions against the hardware's (every
 // float, both formats), fp8_gather over comm::mpi_device at every world size
-// equal bit for bit to the host's cast of the gathered tensor, and cuBLASLt's
-// fp8 products against float64 of the same quantized operands.
+// equal bit for bit to the host's cast of the gathered tensor, the kernel
+// kit's amax, cast and cast-transpose against the host, and cuBLASLt's fp8
+// products against float64 of the same quantized operands.
 #define BOOST_TEST_MODULE tessera_fp8_cuda
 #include "common/mpi_test_main.hpp"
 #include "common/util.hpp"
@@ -14,6 +15,7 @@
 
 #include "tessera/backend/cuda/blaslt_fp8.hpp"
 #include "tessera/tessera.hpp"
+#include "trainer_kit/kernels/fp8.cuh"
 
 using namespace tessera;
 using ops = backend_ops<backend::cuda>;
@@ -117,6 +119,66 @@ BOOST_AUTO_TEST_CASE(gathers_equal_the_host_cast_of_the_gathered_tensor) {
       }
     }
   }
+}
+
+namespace {
+template <class T> std::vector<T> random_tensor(std::size_t n, int salt) {
+  std::vector<T> x(n);
+  for (std::size_t i = 0; i < n; ++i)
+    x[i] = convert<T>(uniform(i, salt) * std::exp(3.0 * uniform(i, salt, 9)));  // magnitudes over e^-3 .. e^3
+  return x;
+}
+template <class T> float host_amax(const std::vector<T>& x) {
+  float m = 0;
+  for (const T& v : x) m = std::max(m, std::fabs(convert<float>(v)));
+  return m;
+}
+using kit_types = std::tuple<float, bf16>;
+}  // namespace
+
+BOOST_AUTO_TEST_CASE_TEMPLATE(kit_amax_cast_and_transpose_equal_the_host, T, kit_types) {
+  namespace k = trainer_kit::kernels;
+  for (auto [rows, cols] : {std::pair{1, 1}, std::pair{37, 70}, std::pair{256, 96}, std::pair{1000, 33}}) {
+    const std::size_t n = std::size_t(rows) * std::size_t(cols);
+    const auto x = random_tensor<T>(n, rows + cols);
+    const float amax = host_amax(x);
+    const float scale = fp8::scale_for<e4m3>(amax, 1.0f);
+    auto dx = to_device(x);
+    auto dscale = to_device(std::vector<float>{scale, 1.0f / scale});
+    dbuf<float> damax(3);
+    ops::fill(damax.span(), 0.0f);
+    dbuf<e4m3> out(n), out2(n), out_t(n);
+    k::fp8_amax(dx.data(), n, damax.data());
+    k::fp8_cast(dx.data(), n, dscale.data(), out.data(), damax.data() + 1);
+    k::fp8_cast_transpose(dx.data(), rows, cols, dscale.data(), out2.data(), out_t.data(), damax.data() + 2);
+    const auto am = to_host(damax);
+    const auto o = to_host(out), o2 = to_host(out2), ot = to_host(out_t);
+    std::size_t wrong = 0, wrong_t = 0;
+    for (int r = 0; r < rows; ++r)
+      for (int c = 0; c < cols; ++c) {
+        const std::size_t i = std::size_t(r) * std::size_t(cols) + std::size_t(c);
+        const std::uint8_t want = fp8::cast<e4m3>(x[i], scale).bits;
+        wrong += (o[i].bits != want) + (o2[i].bits != want);
+        wrong_t += ot[std::size_t(c) * std::size_t(rows) + std::size_t(r)].bits != want;
+      }
+    BOOST_TEST_CONTEXT(rows << " x " << cols << " " << tessera_test::type_name<T>()) {
+      BOOST_TEST(am[0] == amax);
+      BOOST_TEST(am[1] == amax);
+      BOOST_TEST(am[2] == amax);
+      BOOST_TEST(wrong == 0u);
+      BOOST_TEST(wrong_t == 0u);
+    }
+  }
+  // the scale update runs on the device as on the host
+  dbuf<float> a(1), sc(2), hist(4);
+  ops::fill(a.span(), 3.0f);
+  ops::fill(sc.span(), 1.0f);
+  ops::fill(hist.span(), 0.0f);
+  for (std::size_t step = 0; step < 6; ++step)
+    ops::for_each(1, fp8::scale_update<e5m2, float>{a.data(), sc.data(), hist.data(), 4, step, fp8::recipe::delayed, 1});
+  const auto s = to_host(sc);
+  BOOST_TEST(s[0] == fp8::scale_for<e5m2>(3.0f, 1.0f, 1));
+  BOOST_TEST(s[1] == 1.0f / s[0]);
 }
 
 namespace {

@@ -71,6 +71,29 @@ TESSERA_HOST_DEVICE inline float delayed_amax(const float* history, int len, std
   return m;
 }
 
+//! One tensor's scale update as a one-element functor (backend_ops::for_each(1,
+//! ...)), so it runs where the amax is, host or device: `scale` = [the scale,
+//! its inverse] from the amax at `amax` under the recipe (delayed: from
+//! `history`, `len` slots, at cast number `step`, recording this amax).
+template <fp8_format F, class Amax>
+struct scale_update {
+  const Amax* amax;
+  float* scale;
+  float* history;
+  int len;
+  std::size_t step;
+  recipe kind;
+  int margin;
+  TESSERA_HOST_DEVICE void operator()(std::size_t) const {
+    const float a = float(*amax);
+    const float use = kind == recipe::delayed ? delayed_amax(history, len, step, a) : a;
+    const float s = scale_for<F>(use, scale[0], margin);
+    scale[0] = s;
+    scale[1] = 1.0f / s;
+    if (kind == recipe::delayed) history[step % std::size_t(len)] = a;
+  }
+};
+
 //! x * scale cast to F: what every fp8 cast in the library computes.
 template <fp8_format F, class T>
 TESSERA_HOST_DEVICE inline F cast(T x, float scale) noexcept {

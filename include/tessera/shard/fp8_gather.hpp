@@ -27,26 +27,6 @@
 namespace tessera {
 
 namespace detail {
-//! The scale from the agreed amax: [0] the scale, [1] its inverse (what a
-//! product dequantises with); under delayed scaling, records the amax.
-template <fp8_format F>
-struct fp8_set_scale {
-  const double* amax;
-  float* scale;
-  float* history;
-  int len;
-  std::size_t step;
-  fp8::recipe kind;
-  int margin;
-  TESSERA_HOST_DEVICE void operator()(std::size_t) const {
-    const float a = float(*amax);
-    const float use = kind == fp8::recipe::delayed ? fp8::delayed_amax(history, len, step, a) : a;
-    const float s = fp8::scale_for<F>(use, scale[0], margin);
-    scale[0] = s;
-    scale[1] = 1.0f / s;
-    if (kind == fp8::recipe::delayed) history[step % std::size_t(len)] = a;
-  }
-};
 //! y[i] = fp8(x[i] * scale[0]).
 template <fp8_format F, class T>
 struct fp8_cast_fn {
@@ -86,8 +66,8 @@ public:
     ops::fill(amax_.span(), 0.0);
     ops::max_abs_into(shard, amax_.data());
     comm_.all_reduce(amax_.data(), amax_.data(), 1, dtype::f64, comm::reduce_op::max);
-    ops::for_each(1, detail::fp8_set_scale<F>{amax_.data(), scale_.data(), history_.data(), opt_.history, steps_,
-                                              opt_.kind, opt_.margin});
+    ops::for_each(1, fp8::scale_update<F, double>{amax_.data(), scale_.data(), history_.data(), opt_.history, steps_,
+                                                  opt_.kind, opt_.margin});
     F* mine = full_.data() + std::size_t(comm_.rank()) * shard_numel_;
     ops::for_each(shard_numel_, detail::fp8_cast_fn<F, T>{shard.data(), mine, scale_.data()});
     comm_.all_gather(mine, full_.data(), shard_numel_, dtype_of_v<F>);
