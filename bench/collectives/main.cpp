@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <string>
 
-#include "collectives.hpp"
+#include "report.hpp"
 
 namespace {
 // "8", "64K", "64M", "4G" -> bytes.
