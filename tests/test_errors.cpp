@@ -539,3 +539,50 @@ BOOST_AUTO_TEST_CASE(gradients_written_after_reduce_grads) {
   }, "was written after its reduction completed");
   m.zero_grad();
 }
+
+// Where gradients stay in full (no_shard, optim; any strategy at one rank) a
+// span kept past reduce_grads writes into the buffer the reduction read or
+// landed in: half-applied (no_shard: this rank only) or dropped (optim).
+// poison_released finds it at the landing or at finish_grad_sync.
+using full_grad_configs =
+    std::tuple<config<no_shard, ddp>, config<optim, ddp>, config<optim, fsdp>, config<no_shard, fsdp>,
+               config<no_shard, ddp, full_precision<float>, sum, exact_reduction>,
+               config<optim, ddp, mixed_precision<bf16, float>, pre_divide>, config<optim_grads_params, fsdp>>;
+BOOST_AUTO_TEST_CASE_TEMPLATE(gradients_written_after_reduce_grads_where_they_stay_in_full, Cfg, full_grad_configs) {
+  comm::mpi c;
+  using G = typename Cfg::precision::grad_type;
+  // optim_grads_params keeps full gradients at one rank only (the slot poisoning covers it elsewhere)
+  if (Cfg::strategy::shards_grads && c.size() > 1) return;
+  // one reduction slot: reducing v completes u's reduction first, so the write below lands after it
+  data_parallel_t<Cfg> m(c, wrapper_options{.grad_buffers = 1, .poison_released = true});
+  auto u = m.add_unit("u");
+  auto w = m.add_param(u, "w", {10});
+  auto v = m.add_unit("v");
+  auto x = m.add_param(v, "x", {7});
+  m.finalize();
+  ShardedOptimizer opt(m, sgd{.lr = 0.1});
+  for (int late : {1, 0, 1}) {  // a late write, a clean step, a late write again: the wrapper stays usable
+    std::span<G> g;
+    m.begin_micro_batch(0, 1);
+    {
+      auto s = m.gather(u);
+      g = s.grad(w);
+      for (auto& e : g) e = convert<G>(1.0f);
+    }
+    m.reduce_grads(u);
+    {
+      auto s = m.gather(v);
+      for (auto& e : s.grad(x)) e = convert<G>(0.5f);
+    }
+    m.reduce_grads(v);
+    if (!late) {
+      BOOST_TEST(!opt.step().get().skipped);
+      continue;
+    }
+    g[3] = convert<G>(5.0f);
+    BOOST_TEST_CONTEXT(tessera_test::type_name<Cfg>()) {
+      expect_error([&] { (void)opt.step(); }, "gradients of unit 'u' were written after reduce_grads('u')");
+    }
+    m.zero_grad();
+  }
+}

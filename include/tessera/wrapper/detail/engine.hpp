@@ -24,12 +24,12 @@ class dp_engine : public engine_collectives<Cfg> {
   using base = engine_collectives<Cfg>;
   // The state lives in the base (engine_collectives.hpp); name it here.
   using base::comm_, base::outer_, base::opt_, base::reg_, base::store_, base::units_, base::deferred_,
-      base::slots_, base::gathers_, base::exact_, base::plan_, base::rows_;
+      base::slots_, base::late_, base::gathers_, base::exact_, base::plan_, base::rows_;
   using base::grads_ready_, base::mb_open_, base::solo_, base::touched_, base::set_digest_, base::mb_index_, base::mb_count_,
       base::last_gathered_;
   using base::exact, base::acquire_slot, base::slot_grads, base::issue_reduction, base::reduce_exact,
       base::issue_outer, base::complete_all, base::start_gather, base::invalidate_gathered, base::zero_padding,
-      base::exact_alone, base::exact_post, base::allocate_pools, base::config_text;
+      base::exact_alone, base::exact_post, base::allocate_pools, base::config_text, base::note_final;
   using typename base::rules, typename base::ops, typename base::C, typename base::M, typename base::G;
 
 public:
@@ -62,6 +62,7 @@ public:
       exact_ = exact_sums<G, backend_type>(rules::exact_sizes(reg_.layouts(), comm_.size()),
                                            rules::exact_part_sizes(reg_.layouts()));
     units_.resize(store_.size());
+    late_.resize(store_.size());
     deferred_.resize(store_.size());
     outer_.resize(store_.size());
     allocate_pools();
@@ -229,14 +230,20 @@ public:
     touched_ = true;
     settle(u);  // the reduction overwrites the gradients the last update read
     if (store_.has_full_grads()) (void)store_.full_grads(u);  // nobody wrote: zeros
-    if constexpr (exact) return reduce_exact(u);
+    if constexpr (exact) {
+      reduce_exact(u);
+      note_final(u);
+      return;
+    }
     if (solo_) {  // one rank, wire = grad type: the sum over the group is the gradient itself
+      note_final(u);
       if (mb_index_ == mb_count_ - 1) issue_outer(u);
       return;
     }
     if (!strategy::shards_grads && mb_index_ != mb_count_ - 1) return;  // accumulate locally, communicate once
     if constexpr (rules::persistent_full_grads) {
       issue_reduction(u, acquire_slot(u, false), store_[u].grad_full.span());
+      note_final(u);  // after issue_reduction, which may pre-divide them in place
     } else {
       if (st.grad_slot < 0) st.grad_slot = acquire_slot(u, true);  // no gradient written: zeros
       issue_reduction(u, st.grad_slot, slot_grads(u));
@@ -257,6 +264,13 @@ public:
                   "; it ends the last one");
     sync_micro_batch();
     outer_.wait_all();
+    if (opt_.poison_released)  // before exact_.finish, which writes the final gradients in place
+      if (const int u = late_.changed([this](std::size_t v) { return std::span<const G>(store_[v].grad_full.span()); });
+          u >= 0)
+        fail("gradients of unit '" + layout(std::size_t(u)).name() + "' were written after reduce_grads('" +
+             layout(std::size_t(u)).name() + "') and before the step: this rank would apply them and the others "
+             "not; gradient views are valid until reduce_grads of their unit (found by "
+             "wrapper_options::poison_released)");
     if constexpr (exact) {
       const auto max_over = [this](double* x, std::size_t n) {  // every rank of the mesh added its own micro-batches
         comm_.all_reduce(x, x, n, dtype::f64, comm::reduce_op::max);
@@ -274,6 +288,7 @@ public:
     reg_.require_final("zero_grad()");
     complete_all();
     outer_.wait_all();
+    late_.resize(store_.size());  // an abandoned step's gradients are nobody's now
     store_.start_accumulation();
     if constexpr (exact) exact_.begin();
     for (auto& st : units_) {

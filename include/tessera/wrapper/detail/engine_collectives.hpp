@@ -27,6 +27,7 @@
 #include "tessera/shard/row_copy.hpp"
 #include "tessera/wrapper/detail/exact_sum.hpp"
 #include "tessera/wrapper/detail/gather_pool.hpp"
+#include "tessera/wrapper/detail/late_writes.hpp"
 #include "tessera/wrapper/detail/outer_link.hpp"
 #include "tessera/wrapper/detail/reduction_pool.hpp"
 #include "tessera/wrapper/detail/registry.hpp"
@@ -235,6 +236,14 @@ protected:
                        landing::limbs, exact_.limbs(u), shard_limbs, exact_.take_fresh(u));
     if (opt_.poison_released) slots_.note_sent(s, slot_grads(u));
   }
+  // poison_released where the gradients stay in full: unit u's are final once
+  // reduce_grads of the last micro-batch has issued (or skipped) its
+  // reduction, or, under no_shard's all-reduce, once it lands in them.
+  void note_final(std::size_t u) {
+    if (!opt_.poison_released || !store_.has_full_grads() || mb_index_ != mb_count_ - 1 || outer_.active()) return;
+    if (!strategy::shards_optimizer && !solo_ && !exact) late_.awaits_landing(u);
+    else late_.sent(u, std::span<const G>(store_[u].grad_full.span()));
+  }
   // One rank, no replicas, one micro-batch: each sum has one addend, which is
   // its own exact sum (and no other world size runs this step's single
   // micro-batch), so the gradients pass through.
@@ -283,6 +292,11 @@ protected:
                    "unit (found by wrapper_options::poison_released)";
       }
     const std::size_t u = std::size_t(slots_.complete(s));
+    if constexpr (!strategy::shards_grads)
+      if (opt_.poison_released && misuse.empty() && !late_.landed(u, std::span<const G>(store_[u].grad_full.span())))
+        misuse = "gradients of unit '" + layout(u).name() + "' were written after reduce_grads('" + layout(u).name() +
+                 "'), while its reduction was in flight; gradient views are valid until reduce_grads of their unit "
+                 "(found by wrapper_options::poison_released)";
     store_[u].shard_fresh = false;
     if (units_[u].grad_slot == s) units_[u].grad_slot = -1;
     if (mb_index_ == mb_count_ - 1) issue_outer(u);  // the group's sum is final: on to the replicas
@@ -343,6 +357,7 @@ protected:
   std::vector<unit_state> units_;
   std::vector<std::function<void()>> deferred_;  // per unit: waits for its deferred work (defer)
   pool_type slots_;
+  late_writes<G, backend_type> late_;  // poison_released where gradients stay in full (late_writes.hpp)
   row_copies<backend_type> rows_;  // the rows layout's copies (fsdp2)
   gather_pool<C, backend_type> gathers_;
   exact_sums<G, backend_type> exact_;  // exact_reduction only

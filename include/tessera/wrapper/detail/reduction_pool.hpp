@@ -20,6 +20,7 @@
 #include "tessera/comm/communicator.hpp"
 #include "tessera/core/checksum.hpp"
 #include "tessera/wrapper/detail/exact_sum.hpp"
+#include "tessera/wrapper/detail/late_writes.hpp"
 
 namespace tessera::detail {
 
@@ -160,11 +161,7 @@ private:
     std::uint64_t sent = 0;  // checksum of the gradients as sent
     int unit = -1;           // the unit whose reduction it held, now NaN; -1: nothing to check
   };
-  static std::uint64_t checksum_of(std::span<G> x) {
-    std::vector<G> host(x.size());
-    ops::copy_to_host(std::span<G>(host), std::span<const G>(x));
-    return checksum64::of(host.data(), host.size() * sizeof(G));
-  }
+  static std::uint64_t checksum_of(std::span<G> x) { return backend_checksum<B>(std::span<const G>(x)); }
   std::vector<slot> slots_;
   std::vector<flight> flight_;
   std::vector<poison_state> poison_;
