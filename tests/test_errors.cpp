@@ -5,6 +5,7 @@
 #include "common/util.hpp"
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -13,6 +14,8 @@
 
 #include <nlohmann/json.hpp>
 #include <unistd.h>
+
+#include <sys/wait.h>
 
 #include "tessera/tessera.hpp"
 #include "tessera/checkpoint/checkpoint.hpp"
@@ -501,6 +504,49 @@ BOOST_AUTO_TEST_CASE(weights_kept_past_their_scope_are_nan) {
   BOOST_TEST(std::isnan(kept[0]));  // the misuse reads NaN, not plausible weights
   auto s = m.gather(u);
   BOOST_TEST(s.weights()[0] == 1.0f);  // gathered again
+}
+
+// On the host the released buffer's whole pages are also inaccessible: a read
+// through the kept span ends the process with a line naming the unit (run in
+// a forked child, which makes no MPI call), and the next gather lifts the guard.
+BOOST_AUTO_TEST_CASE(weights_kept_past_their_scope_fault_on_the_host) {
+  comm::mpi c;
+  if (c.size() == 1) return;
+  data_parallel_t<Z3> m(c, wrapper_options{.poison_released = true});
+  auto u = m.add_unit("big.unit");
+  constexpr std::size_t n = 1 << 15;  // 128 KiB: many whole pages
+  auto w = m.add_param(u, "w", {std::int64_t(n)});
+  m.finalize();
+  m.set_param(w, std::vector<float>(n, 1.0f));
+  std::span<const float> kept;
+  {
+    auto s = m.gather(u);
+    kept = s.weights();
+  }
+  int out[2];
+  BOOST_REQUIRE(::pipe(out) == 0);
+  std::fflush(nullptr);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::dup2(out[1], 2);
+    volatile float x = kept[n / 2];  // the misuse
+    (void)x;
+    ::_exit(0);  // not reached when the guard works
+  }
+  ::close(out[1]);
+  std::string said;
+  char buf[256];
+  for (ssize_t k; (k = ::read(out[0], buf, sizeof buf)) > 0;) said.append(buf, std::size_t(k));
+  ::close(out[0]);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  BOOST_TEST_CONTEXT("child said: " << said) {
+    BOOST_TEST(WIFEXITED(status));
+    BOOST_TEST(WEXITSTATUS(status) == 86);
+    BOOST_TEST(said.rfind("tessera: the gathered weights of unit 'big.unit' were read or written after", 0) == 0u);
+  }
+  auto s = m.gather(u);  // the guard is lifted: gathered again and readable
+  BOOST_TEST(s.weights()[n / 2] == 1.0f);
 }
 
 BOOST_AUTO_TEST_CASE(gradients_written_after_reduce_grads) {

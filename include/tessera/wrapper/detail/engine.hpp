@@ -382,7 +382,7 @@ public:
     if (units_[u].holders > 0) units_[u].holders--;
     if constexpr (strategy::shards_params)
       if (opt_.poison_released && !solo_ && units_[u].holders == 0) try {
-          gathers_.poison(u, layout(u).padded_numel());
+          gathers_.poison(u, layout(u).padded_numel(), layout(u).name().c_str());
         } catch (...) {
           // The gather failed; its error comes from the next wait.
         }

@@ -11,6 +11,7 @@
 #include <limits>
 #include <memory>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "tessera/backend/ops.hpp"
@@ -18,6 +19,7 @@
 #include "tessera/comm/communicator.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/wrapper/detail/comm_buffer.hpp"
+#include "tessera/wrapper/detail/page_guard.hpp"
 
 namespace tessera::detail {
 
@@ -32,7 +34,7 @@ public:
   gather_pool(comm::handle<B> c, int buffers, std::size_t max_padded, std::size_t units, bool permuted = false)
       : comm_(c), slot_of_(units, -1) {
     for (int i = 0; i < buffers; ++i)
-      slots_.push_back({comm_buffer<C, B>(c, max_padded, true), buffer(permuted ? max_padded : 0), {}, -1, 0});
+      slots_.push_back({comm_buffer<C, B>(c, max_padded, true), buffer(permuted ? max_padded : 0), {}, -1, 0, {}});
   }
 
   [[nodiscard]] std::size_t size() const noexcept { return slots_.size(); }
@@ -55,6 +57,7 @@ public:
     if (best < 0) return false;
     auto& g = slots_[std::size_t(best)];
     g.ready.wait();
+    g.guard.lift();  // about to be written
     if (g.unit >= 0) slot_of_[std::size_t(g.unit)] = -1;
     g.unit = int(u);
     g.last_use = ++clock_;
@@ -87,12 +90,16 @@ public:
       g.unit = -1;
     }
   }
-  //! Forgets unit u's gathered copy and fills its buffer with NaN (wrapper_options::poison_released).
-  void poison(std::size_t u, std::size_t padded) {
+  //! Forgets unit u's gathered copy and fills its buffer with NaN
+  //! (wrapper_options::poison_released); on the host its whole pages also
+  //! become inaccessible until the next gather into it (page_guard.hpp), so
+  //! a span kept past the scope faults with a line naming `name` (unit u's).
+  void poison(std::size_t u, std::size_t padded, const char* name) {
     if (u >= slot_of_.size() || slot_of_[u] < 0) return;
     auto& g = slots_[std::size_t(slot_of_[u])];
     g.ready.wait();
     backend_ops<B>::fill(visible(g).first(padded), convert<C>(std::numeric_limits<float>::quiet_NaN()));
+    if constexpr (std::is_same_v<B, backend::host>) g.guard.protect(visible(g).data(), padded * sizeof(C), name);
     slot_of_[u] = -1;
     g.unit = -1;
   }
@@ -108,6 +115,7 @@ private:
     comm::request ready;
     int unit = -1;
     std::uint64_t last_use = 0;
+    page_guard guard;  // last: lifted before the buffers are freed
   };
   static std::span<C> visible(slot& g) { return g.out.size() == 0 ? g.data.span() : g.out.span(); }
   static std::span<const C> visible(const slot& g) { return g.out.size() == 0 ? g.data.span() : g.out.span(); }
