@@ -29,7 +29,8 @@ class dp_engine : public engine_collectives<Cfg> {
       base::last_gathered_;
   using base::exact, base::acquire_slot, base::slot_grads, base::issue_reduction, base::reduce_exact,
       base::issue_outer, base::complete_all, base::start_gather, base::invalidate_gathered, base::zero_padding,
-      base::exact_alone, base::exact_post, base::allocate_pools, base::config_text, base::note_final;
+      base::exact_alone, base::exact_post, base::allocate_pools, base::config_text, base::note_final,
+      base::written_late;
   using typename base::rules, typename base::ops, typename base::C, typename base::M, typename base::G;
 
 public:
@@ -267,10 +268,7 @@ public:
     if (opt_.poison_released)  // before exact_.finish, which writes the final gradients in place
       if (const int u = late_.changed([this](std::size_t v) { return std::span<const G>(store_[v].grad_full.span()); });
           u >= 0)
-        fail("gradients of unit '" + layout(std::size_t(u)).name() + "' were written after reduce_grads('" +
-             layout(std::size_t(u)).name() + "') and before the step: this rank would apply them and the others "
-             "not; gradient views are valid until reduce_grads of their unit (found by "
-             "wrapper_options::poison_released)");
+        fail(written_late(std::size_t(u), " and before the step: this rank would apply them and the others not"));
     if constexpr (exact) {
       const auto max_over = [this](double* x, std::size_t n) {  // every rank of the mesh added its own micro-batches
         comm_.all_reduce(x, x, n, dtype::f64, comm::reduce_op::max);

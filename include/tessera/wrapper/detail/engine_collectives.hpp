@@ -236,6 +236,13 @@ protected:
                        landing::limbs, exact_.limbs(u), shard_limbs, exact_.take_fresh(u));
     if (opt_.poison_released) slots_.note_sent(s, slot_grads(u));
   }
+  // What poison_released says of unit u's gradients written after its reduce_grads, `when` (", while its
+  // reduction was in flight", or before the step).
+  std::string written_late(std::size_t u, const char* when) const {
+    const std::string& n = layout(u).name();
+    return "gradients of unit '" + n + "' were written after reduce_grads('" + n + "')" + when +
+           "; gradient views are valid until reduce_grads of their unit (found by wrapper_options::poison_released)";
+  }
   // poison_released where the gradients stay in full: unit u's are final once
   // reduce_grads of the last micro-batch has issued (or skipped) its
   // reduction, or, under no_shard's all-reduce, once it lands in them.
@@ -287,16 +294,12 @@ protected:
       if (opt_.poison_released && slots_[s].unit >= 0) {
         const auto& L = layout(std::size_t(slots_[s].unit));
         if (!slots_.poison_on_landing(s, L.padded_numel()))
-          misuse = "gradients of unit '" + L.name() + "' were written after reduce_grads('" + L.name() +
-                   "'), while its reduction was in flight; gradient views are valid until reduce_grads of their "
-                   "unit (found by wrapper_options::poison_released)";
+          misuse = written_late(std::size_t(slots_[s].unit), ", while its reduction was in flight");
       }
     const std::size_t u = std::size_t(slots_.complete(s));
     if constexpr (!strategy::shards_grads)
-      if (opt_.poison_released && misuse.empty() && !late_.landed(u, std::span<const G>(store_[u].grad_full.span())))
-        misuse = "gradients of unit '" + layout(u).name() + "' were written after reduce_grads('" + layout(u).name() +
-                 "'), while its reduction was in flight; gradient views are valid until reduce_grads of their unit "
-                 "(found by wrapper_options::poison_released)";
+      if (opt_.poison_released && !late_.landed(u, std::span<const G>(store_[u].grad_full.span())))
+        misuse = written_late(u, ", while its reduction was in flight");
     store_[u].shard_fresh = false;
     if (units_[u].grad_slot == s) units_[u].grad_slot = -1;
     if (mb_index_ == mb_count_ - 1) issue_outer(u);  // the group's sum is final: on to the replicas
