@@ -224,6 +224,8 @@ BOOST_AUTO_TEST_CASE(a_wrong_shard_or_an_infinite_one) {
   fp8_gather<e4m3, backend::host> g(c, 8);
   std::vector<float> shard(8, 0.5f), bad(7, 0.5f);
   expect_error([&] { g.gather(std::span<const float>(bad)); }, "fp8_gather: a shard of 7 elements where the gather was built for 8");
+  // bad settings are refused before any buffer is sized from them
+  expect_error([&] { (void)fp8_gather<e4m3, backend::host>(c, 8, {fp8::recipe::delayed, -1, 0}); }, "amax history of -1");
   g.gather(std::span<const float>(shard));
   const float s = g.scale()[0];
   BOOST_TEST(s == 896.0f);  // 448 / 0.5

@@ -48,9 +48,8 @@ public:
   //! Gathers of shards of `shard_numel` elements over comm's ranks; comm must outlive it.
   template <class Comm>
   fp8_gather(Comm& comm, std::size_t shard_numel, fp8::scaling s = {})
-      : comm_(comm), opt_(s), shard_numel_(shard_numel), full_(shard_numel * std::size_t(comm.size())),
-        amax_(1), scale_(2), history_(std::size_t(s.kind == fp8::recipe::delayed ? s.history : 0)) {
-    opt_.check();
+      : comm_(comm), opt_(checked(s)), shard_numel_(shard_numel), full_(shard_numel * std::size_t(comm.size())),
+        amax_(1), scale_(2), history_(std::size_t(opt_.kind == fp8::recipe::delayed ? opt_.history : 0)) {
     ops::fill(scale_.span(), 1.0f);
     ops::fill(history_.span(), 0.0f);
   }
@@ -86,6 +85,11 @@ public:
   [[nodiscard]] std::size_t bytes_gathered() const noexcept { return full_.size() - shard_numel_; }
 
 private:
+  // Before any buffer is sized from them (a negative history would ask for 2^64 floats).
+  static fp8::scaling checked(const fp8::scaling& s) {
+    s.check();
+    return s;
+  }
   comm::handle<Backend> comm_;
   fp8::scaling opt_;
   std::size_t shard_numel_;
