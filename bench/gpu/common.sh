@@ -26,7 +26,6 @@ run_np() {  # run_np NAME NP BINARY ARGS...: one multi-rank run with its own tim
   fi
 }
 
-# The binaries: prebuilt ones from $TESSERA_GPU_BIN, else a release build here (build-gpu/bin).
 # torch_curves NAME TRAINER PEER STEPS: tests/trainer/compare_torch.py in fp32 and bf16 (the trainer
 # against its plain-PyTorch peer from the same weights on the same batches of $TESSERA_GPT_TEXT).
 torch_curves() {
@@ -41,6 +40,7 @@ torch_curves() {
     grep -E '^step|^bf16 from' "$LOGS/$name-torch-$prec.log" >>"$OUT/summary.txt"
   done
 }
+# The binaries: prebuilt ones from $TESSERA_GPU_BIN, else a release build here (build-gpu/bin).
 gpu_binaries() {
   bin=${TESSERA_GPU_BIN:-}
   if [ -n "$bin" ] && [ -n "${TESSERA_GPU_TARGETS:-}" ]; then  # just those, prebuilt
