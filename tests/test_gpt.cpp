@@ -2,9 +2,11 @@
 // finite differences of the loss (the tied token table through both of its
 // uses, attention, both LayerNorms, GELU, the positions), with and without
 // per-block recompute; the data reader's errors; the initial weights'
-// statistics.
+// statistics; the nets' emulated fp8 products (trainer_kit/fp8_linears.hpp)
+// against float64 of their codes, the delayed recipe's history and its refusals.
 #define BOOST_TEST_MODULE tessera_gpt
 #include "common/mpi_test_main.hpp"
+#include "common/util.hpp"
 
 #include <sys/stat.h>
 
@@ -12,6 +14,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -207,4 +210,111 @@ BOOST_AUTO_TEST_CASE(token_shards_and_their_errors) {
   expect([&] { (void)gpt::corpus(good, false, 50, 100); }, "no file holds 101 tokens");
   expect([&] { (void)gpt::corpus((dir / "nothing*.bin").string(), false, 50, 9); }, "no file matches it");
   std::filesystem::remove_all(dir);
+}
+
+// ---- --precision fp8's products (trainer_kit::host_linears over fp8_casts) ----
+namespace {
+std::vector<float> random_floats(std::size_t n, std::uint64_t seed, float scale) {
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i)
+    v[i] = scale * (float(double(splitmix64(seed + i) >> 11) / 9007199254740992.0) * 2.0f - 1.0f);
+  return v;
+}
+// Every value is an F code (a float that casts to itself) and the largest magnitude is F's max:
+// the amax maps onto the format's largest value.
+template <class F>
+void check_codes(const std::vector<float>& q) {
+  float m = 0;
+  for (float v : q) {
+    BOOST_TEST(float(F(v)) == v);
+    m = std::max(m, std::fabs(v));
+  }
+  BOOST_TEST(m == F::max);
+}
+// y = alpha * (a b^T) in float64 over rows of a [n, k] and b [m, k].
+std::vector<double> product(const std::vector<float>& a, const std::vector<float>& b, std::size_t n, std::size_t m,
+                            std::size_t k, double alpha, bool a_t = false, bool b_t = false) {
+  std::vector<double> y(n * m);
+  for (std::size_t i = 0; i < n; ++i)
+    for (std::size_t j = 0; j < m; ++j) {
+      double s = 0;
+      for (std::size_t c = 0; c < k; ++c) s += double(a_t ? a[c * n + i] : a[i * k + c]) * double(b_t ? b[c * m + j] : b[j * k + c]);
+      y[i * m + j] = alpha * s;
+    }
+  return y;
+}
+void check_close(const std::vector<float>& got, const std::vector<double>& want, double tol) {
+  double worst = 0, big = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(double(got[i]) - want[i])), big = std::max(big, std::fabs(want[i]));
+  BOOST_TEST(worst <= tol * big, "worst difference " << worst << " against values up to " << big);
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(fp8_products_equal_float64_of_their_codes) {
+  const std::size_t n = 37, in = 24, out = 40;  // nothing a multiple of 16
+  trainer_kit::fp8_casts casts({.on = true}, 2);
+  std::vector<float> xq(n * in), wq(out * in), dyq(n * out);
+  const trainer_kit::host_linears lin{&casts, xq.data(), wq.data(), dyq.data()};
+  const auto x = random_floats(n * in, 11, 3.0f), W = random_floats(out * in, 12, 0.05f), dy = random_floats(n * out, 13, 1e-4f);
+  std::vector<float> y(n * out, 0.0f);
+  lin.forward(1, x.data(), W.data(), y.data(), n, in, out, 0.0f);
+  check_codes<tessera::e4m3>(xq), check_codes<tessera::e4m3>(wq);
+  const auto amax = [](const std::vector<float>& v) { float m = 0; for (float e : v) m = std::max(m, std::fabs(e)); return m; };
+  const double ix = 1.0 / double(448.0f / amax(x)), iw = 1.0 / double(448.0f / amax(W));  // the inverse scales
+  check_close(y, product(xq, wq, n, out, in, ix * iw), 1e-5);
+  // ... and the product of the codes is the fp32 product within fp8's rounding (E4M3: 2^-4 relative)
+  check_close(y, product(x, W, n, out, in, 1.0), 0.1);
+  // backward: dy in E5M2; wgrad dW += dy^T x, dgrad dx = dy W
+  std::vector<float> dW(out * in, 0.0f), dx(n * in, 0.0f);
+  lin.backward(1, dy.data(), x.data(), W.data(), dW.data(), dx.data(), n, in, out);
+  check_codes<tessera::e5m2>(dyq);
+  const double ig = 1.0 / double(57344.0f / amax(dy));
+  check_close(dW, product(dyq, xq, out, in, n, ig * ix, true, true), 1e-5);
+  std::vector<float> wq_t(in * out);  // W's codes as [in, out] for dx = dy W
+  for (std::size_t o = 0; o < out; ++o)
+    for (std::size_t i = 0; i < in; ++i) wq_t[i * out + o] = wq[o * in + i];
+  check_close(dx, product(dyq, wq_t, n, in, out, ig * iw), 1e-5);
+  // off: the fp32 product itself
+  trainer_kit::fp8_casts off;
+  std::vector<float> y32(n * out, 0.0f);
+  trainer_kit::host_linears{&off}.forward(0, x.data(), W.data(), y32.data(), n, in, out, 0.0f);
+  check_close(y32, product(x, W, n, out, in, 1.0), 1e-6);
+}
+
+BOOST_AUTO_TEST_CASE(fp8_delayed_scales_come_from_the_steps_before) {
+  comm::mpi world;
+  trainer_kit::fp8_options o{.on = true, .scaling = {.kind = fp8::recipe::delayed, .history = 2}};
+  trainer_kit::fp8_casts casts(o, 1);
+  std::vector<float> a{0.5f, -1.0f}, b{4.0f, 2.0f}, q(2);
+  // step 0: no history, each cast its own amax (1: scale 448)
+  BOOST_TEST(casts.cast(0, trainer_kit::fp8_casts::input, a.data(), q.data(), 2) == 1.0f / 448.0f);
+  BOOST_TEST(q[1] == -448.0f);
+  casts.cast(0, trainer_kit::fp8_casts::input, b.data(), q.data(), 2);  // amax 4 on the same step
+  casts.record(false);
+  std::vector<float> big{100.0f};  // an evaluation's cast: not recorded
+  casts.cast(0, trainer_kit::fp8_casts::input, big.data(), q.data(), 1);
+  casts.record(true);
+  casts.end_step(world);
+  // step 1: the step's largest amax (4, over every rank), whatever this cast holds
+  BOOST_TEST(casts.cast(0, trainer_kit::fp8_casts::input, a.data(), q.data(), 2) == 4.0f / 448.0f);
+  BOOST_TEST(q[1] == -112.0f);
+  // the state round-trips through a checkpoint's JSON; a damaged or other one is refused by name
+  trainer_kit::fp8_casts again(o, 1);
+  again.restore(casts.state(), "ck");
+  std::vector<float> q2(2);
+  again.cast(0, trainer_kit::fp8_casts::input, a.data(), q2.data(), 2);
+  BOOST_TEST(q2 == q);
+  auto damaged = casts.state();
+  damaged.erase("amax");
+  tessera_test::expect_error([&] { again.restore(damaged, "ck/step-3"); }, "ck/step-3: its fp8 state is damaged");
+  trainer_kit::fp8_casts wider({.on = true, .scaling = {.kind = fp8::recipe::delayed, .history = 4}}, 1);
+  tessera_test::expect_error([&] { wider.restore(casts.state(), "ck"); }, "this run keeps 3 of 4");
+  auto short_history = casts.state();
+  short_history["amax"] = std::vector<float>{1.0f};
+  tessera_test::expect_error([&] { again.restore(short_history, "ck"); }, "holds 1 values, not 6");
+  // a non-finite cast is not recorded (its step is skipped), and its scale is 1
+  std::vector<float> inf{std::numeric_limits<float>::infinity()};
+  trainer_kit::fp8_casts cur({.on = true}, 1);
+  BOOST_TEST(cur.cast(0, trainer_kit::fp8_casts::grad, inf.data(), q.data(), 1) == 1.0f);
+  BOOST_TEST(q[0] == 57344.0f);  // saturated
 }

@@ -46,7 +46,7 @@ public:
   }
   template <class W> Net<W> make_net(W& w, int input_slots) {
     nopt_ = {.recompute = o_.recompute, .attention = o_.attention, .deterministic = o_.deterministic,
-             .input_slots = input_slots, .keep_gelu = o_.keep_gelu};
+             .input_slots = input_slots, .keep_gelu = o_.keep_gelu, .fp8 = trainer_kit::fp8_of(o_)};
     return Net<W>(w, ids_, o_.shape, o_.batch, nopt_);
   }
   template <class W> [[nodiscard]] std::size_t activation_bytes(const Net<W>& net, const W& w) const {

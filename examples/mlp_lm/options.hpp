@@ -83,6 +83,8 @@ inline int parse(int argc, char** argv, options& o) {
   if (const int rc = trainer_kit::parse_command_line(app, argc, argv); rc >= 0) return rc;
   const auto bad = trainer_kit::bad_option;
   if (const std::string e = trainer_kit::run_options_error(app, o); !e.empty()) return bad(e);
+  if (o.precision == "fp8")
+    return bad("tessera-mlp-lm has no fp8 products; --precision fp8 is tessera-gpt's and tessera-llama's");
   if (o.backend == "host" && o.comm != "auto") return bad("--comm " + o.comm + " applies to --backend cuda only");
   if (o.backend == "host" && (o.recompute_gelu || o.copy_engine_gathers || o.gemm_sms >= 0 || o.nccl_ctas > 0))
     return bad("--recompute-gelu, --copy-engine-gathers, --gemm-sms and --nccl-ctas apply to --backend cuda only");

@@ -172,6 +172,9 @@ cases = [
     (['--backend', 'cuda', '--deterministic', '--heads', '2', '--d', '30'], 'multiple of 4 up to 2048, not 30'),
     (['--outer', 'optim'], '--outer optim needs a mesh'),
     (['--shard-group', 'two'], '--shard-group two is not a positive number'),
+    (['--fp8-recipe', 'delayed'], "--fp8-recipe sets --precision fp8's scales"),
+    (['--precision', 'fp8', '--fp8-recipe', 'late'], '--fp8-recipe'),
+    (['--precision', 'fp8', '--backend', 'cuda'], '--precision fp8 runs on the host backend so far'),
 ]
 for args, part in cases:
     res = run(2, args, expect_rc=None)

@@ -20,6 +20,7 @@
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
 #include "trainer_kit/buffers.hpp"
+#include "trainer_kit/fp8_linears.hpp"
 
 namespace gpt {
 
@@ -38,7 +39,7 @@ inline std::size_t block_floats(const model_shape& s) {
 //! recompute), the residual stream, the backward's buffers, a chunk of logits.
 struct host_buffers {
   trainer_kit::buffer_list list;
-  trainer_kit::buffer_slot<float> x, act, xf, lnf_stats, dx, dbig, dsmall, logits, scratch;
+  trainer_kit::buffer_slot<float> x, act, xf, lnf_stats, dx, dbig, dsmall, logits, scratch, xq, wq, dyq;
   trainer_kit::buffer_slot<std::uint16_t> inputs, targets;
   host_buffers(const model_shape& s, int batch, const net_options& o) {
     const std::size_t n = std::size_t(batch) * std::size_t(s.seq), D = std::size_t(s.d);
@@ -53,11 +54,16 @@ struct host_buffers {
     scratch = list.add<float>("attention row", std::size_t(s.seq));
     inputs = list.add<std::uint16_t>("inputs", n);
     targets = list.add<std::uint16_t>("targets", n);
+    if (o.fp8.on) {  // the fp8 codes of a product's operands (trainer_kit::host_linears), 4 d its widest
+      xq = list.add<float>("fp8 input codes", n * 4 * D);
+      wq = list.add<float>("fp8 weight codes", 4 * D * D);
+      dyq = list.add<float>("fp8 gradient codes", n * 4 * D);
+    }
   }
 };
 
 template <class Wrapper>
-class host_gpt {
+class host_gpt : public trainer_kit::host_fp8_products {
   using C = typename Wrapper::compute_type;
   static_assert(std::is_same_v<typename Wrapper::grad_type, float>, "the host trainer accumulates fp32 gradients");
   template <class T> using buf = tessera::host::buffer<T>;
@@ -75,6 +81,8 @@ public:
     x_ = block_[b.x], act_ = block_[b.act], xf_ = block_[b.xf], lnf_stats_ = block_[b.lnf_stats], dx_ = block_[b.dx];
     dbig_ = block_[b.dbig], dsmall_ = block_[b.dsmall], logits_ = block_[b.logits], scratch_ = block_[b.scratch];
     inputs_ = block_[b.inputs], targets_ = block_[b.targets];
+    if (o.fp8.on)  // qkv, proj, fc, fc_proj of each block
+      use_fp8(o.fp8, 4 * std::size_t(s.layers), block_[b.xq].data(), block_[b.wq].data(), block_[b.dyq].data());
     wide_ = widened(ids, [&](tessera::unit_id u) { return m.layout(u).padded_numel(); });
   }
 
@@ -102,6 +110,7 @@ public:
   void forward_backward(const std::uint16_t* seqs, int batch, double global_tokens) {
     const std::size_t B = std::size_t(batch), T = std::size_t(s_.seq), n = B * T;
     TESSERA_CHECK(n <= n_max_, "micro-batch of ", batch, " sequences over the planned ", n_max_ / T);
+    training(true);
     split(seqs, B, T);
     auto se = m_.gather(ids_.embed);  // held to the end: lookup, head, embedding backward
     const float* E = wide_.embed(se.weights());
@@ -141,6 +150,7 @@ public:
   //! Forward only: the summed cross-entropy of `batch` sequences (evaluation).
   double forward_loss(const std::uint16_t* seqs, int batch) {
     const std::size_t B = std::size_t(batch), T = std::size_t(s_.seq), n = B * T, V = std::size_t(s_.vocab);
+    training(false);
     split(seqs, B, T);
     auto se = m_.gather(ids_.embed);
     const float* E = wide_.embed(se.weights());
@@ -157,6 +167,7 @@ public:
     TESSERA_CHECK(len >= 1 && len <= s_.seq, "a prompt of ", len, " tokens for a context of ", s_.seq);
     const std::size_t T = std::size_t(len), V = std::size_t(s_.vocab);
     std::copy_n(tokens, T, inputs_.data());
+    training(false);
     auto se = m_.gather(ids_.embed);
     const float* E = wide_.embed(se.weights());
     forward_blocks(E, 1, T);
@@ -221,22 +232,23 @@ private:
     const float* xin = x_.data() + std::size_t(l) * n_max_ * D;
     float* xout = x_.data() + std::size_t(l + 1) * n_max_ * D;
     const slot a = slot_of(l);
-    using tessera::host::gemm;
     host::layernorm(xin, w.ln1_w, w.ln1_b, a.xn1, a.ln1_mean, a.ln1_rstd, n, D);
+    const auto lin = linears();
+    const std::size_t k = 4 * std::size_t(l);  // this block's first product
     for (std::size_t i = 0; i < n; ++i) std::copy_n(w.qkv_b, 3 * D, a.qkv + i * 3 * D);
-    gemm(false, true, int(n), int(3 * D), int(D), 1.0f, a.xn1, w.qkv_w, 1.0f, a.qkv);
+    lin.forward(k, a.xn1, w.qkv_w, a.qkv, n, D, 3 * D, 1.0f);
     host::attention(a.qkv, a.y, a.lse, B, T, qkv_layout(), scratch_.data());
     for (std::size_t i = 0; i < n; ++i)
       for (std::size_t c = 0; c < D; ++c) a.xmid[i * D + c] = xin[i * D + c] + w.proj_b[c];
-    gemm(false, true, int(n), int(D), int(D), 1.0f, a.y, w.proj_w, 1.0f, a.xmid);
+    lin.forward(k + 1, a.y, w.proj_w, a.xmid, n, D, D, 1.0f);
     host::layernorm(a.xmid, w.ln2_w, w.ln2_b, a.xn2, a.ln2_mean, a.ln2_rstd, n, D);
     for (std::size_t i = 0; i < n; ++i) std::copy_n(w.fc_b, H4, a.h + i * H4);
-    gemm(false, true, int(n), int(H4), int(D), 1.0f, a.xn2, w.fc_w, 1.0f, a.h);
+    lin.forward(k + 2, a.xn2, w.fc_w, a.h, n, D, H4, 1.0f);
     float* act = dbig_.data();  // GELU output, recomputed in backward
     for (std::size_t i = 0; i < n * H4; ++i) act[i] = host::gelu(a.h[i]);
     for (std::size_t i = 0; i < n; ++i)
       for (std::size_t c = 0; c < D; ++c) xout[i * D + c] = a.xmid[i * D + c] + w.fc_proj_b[c];
-    gemm(false, true, int(n), int(D), int(H4), 1.0f, act, w.fc_proj_w, 1.0f, xout);
+    lin.forward(k + 3, act, w.fc_proj_w, xout, n, H4, D, 1.0f);
   }
 
   // dx_ holds d loss / d x_{l+1}; leaves d loss / d x_l.
@@ -249,7 +261,8 @@ private:
     const float* xin = x_.data() + std::size_t(l) * n_max_ * D;
     const slot a = slot_of(l);
     float* dX = dx_.data();
-    using tessera::host::gemm;
+    const auto lin = linears();
+    const std::size_t k = 4 * std::size_t(l);
     auto col_sums = [n](const float* g, std::size_t width, float* into) {
       for (std::size_t i = 0; i < n; ++i)
         for (std::size_t c = 0; c < width; ++c) into[c] += g[i * width + c];
@@ -257,28 +270,24 @@ private:
     // MLP: x_{l+1} = xmid + gelu(xn2 Wfc^T + bfc) Wp^T + bp
     float* act = dbig_.data();
     for (std::size_t i = 0; i < n * H4; ++i) act[i] = host::gelu(a.h[i]);
-    gemm(true, false, int(D), int(H4), int(n), 1.0f, dX, act, 1.0f, sc.grad(b.fc_proj_w).data());
     col_sums(dX, D, sc.grad(b.fc_proj_b).data());
-    float* dH = dbig_.data();
-    gemm(false, false, int(n), int(H4), int(D), 1.0f, dX, w.fc_proj_w, 0.0f, dH);
+    float* dH = dbig_.data();  // over act: its wgrad reads it first
+    lin.backward(k + 3, dX, act, w.fc_proj_w, sc.grad(b.fc_proj_w).data(), dH, n, H4, D);
     for (std::size_t i = 0; i < n * H4; ++i) dH[i] *= host::gelu_grad(a.h[i]);
-    gemm(true, false, int(H4), int(D), int(n), 1.0f, dH, a.xn2, 1.0f, sc.grad(b.fc_w).data());
     col_sums(dH, H4, sc.grad(b.fc_b).data());
     float* dxn = dsmall_.data();
-    gemm(false, false, int(n), int(D), int(H4), 1.0f, dH, w.fc_w, 0.0f, dxn);
+    lin.backward(k + 2, dH, a.xn2, w.fc_w, sc.grad(b.fc_w).data(), dxn, n, D, H4);
     // dX becomes d loss / d xmid: the residual's share plus LayerNorm 2's
     host::layernorm_backward(dxn, a.xmid, w.ln2_w, a.ln2_mean, a.ln2_rstd, dX, sc.grad(b.ln2_w).data(),
                              sc.grad(b.ln2_b).data(), n, D);
     // attention: xmid = x_l + y Wproj^T + bproj
-    gemm(true, false, int(D), int(D), int(n), 1.0f, dX, a.y, 1.0f, sc.grad(b.proj_w).data());
     col_sums(dX, D, sc.grad(b.proj_b).data());
     float* dY = dsmall_.data();
-    gemm(false, false, int(n), int(D), int(D), 1.0f, dX, w.proj_w, 0.0f, dY);
+    lin.backward(k + 1, dX, a.y, w.proj_w, sc.grad(b.proj_w).data(), dY, n, D, D);
     float* dQKV = dbig_.data();  // 3d of the 4d wide scratch
     host::attention_backward(dY, a.qkv, a.y, a.lse, dQKV, B, T, qkv_layout());
-    gemm(true, false, int(3 * D), int(D), int(n), 1.0f, dQKV, a.xn1, 1.0f, sc.grad(b.qkv_w).data());
     col_sums(dQKV, 3 * D, sc.grad(b.qkv_b).data());
-    gemm(false, false, int(n), int(D), int(3 * D), 1.0f, dQKV, w.qkv_w, 0.0f, dxn);
+    lin.backward(k, dQKV, a.xn1, w.qkv_w, sc.grad(b.qkv_w).data(), dxn, n, D, 3 * D);
     host::layernorm_backward(dxn, xin, w.ln1_w, a.ln1_mean, a.ln1_rstd, dX, sc.grad(b.ln1_w).data(),
                              sc.grad(b.ln1_b).data(), n, D);
     sc.reduce_grads();

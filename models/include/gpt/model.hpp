@@ -21,6 +21,7 @@
 #include "tessera/core/random.hpp"
 #include "tessera/core/shape.hpp"
 #include "tessera/wrapper/options.hpp"
+#include "trainer_kit/fp8_options.hpp"
 
 namespace gpt {
 
@@ -113,6 +114,8 @@ struct net_options {
   //! more such buffers held. --recompute re-runs the block's forward and
   //! keeps the output it made either way. The host net recomputes nothing.
   bool keep_gelu = false;
+  //! --precision fp8: the blocks' four products in fp8 (the host net; trainer_kit/fp8_linears.hpp).
+  trainer_kit::fp8_options fp8{};
 };
 
 struct block_ids {

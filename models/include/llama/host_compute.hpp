@@ -19,6 +19,7 @@
 #include "tessera/backend/host/buffer.hpp"
 #include "tessera/core/error.hpp"
 #include "trainer_kit/buffers.hpp"
+#include "trainer_kit/fp8_linears.hpp"
 #include "trainer_kit/host_layers.hpp"
 #include "trainer_kit/host_math.hpp"
 #include "trainer_kit/tokens.hpp"
@@ -39,6 +40,8 @@ struct net_options {
   bool deterministic = false;
   //! Micro-batches whose tokens the CUDA net holds at once (a step graph's).
   int input_slots = 1;
+  //! --precision fp8: the blocks' four products in fp8 (the host net; trainer_kit/fp8_linears.hpp).
+  trainer_kit::fp8_options fp8{};
 };
 
 //! Rows of logits the host classifier holds at once.
@@ -55,7 +58,7 @@ inline std::size_t block_floats(const model_shape& s) {
 //! the estimate counts.
 struct host_buffers {
   trainer_kit::buffer_list list;
-  trainer_kit::buffer_slot<float> x, act, xf, rstdf, dx, dsmall, a, da, dbig, dy, logits, scratch, cos, sin;
+  trainer_kit::buffer_slot<float> x, act, xf, rstdf, dx, dsmall, a, da, dbig, dy, logits, scratch, cos, sin, xq, wq, dyq;
   trainer_kit::buffer_slot<token> inputs, targets;
   host_buffers(const model_shape& s, int batch, const net_options& o) {
     const std::size_t n = std::size_t(batch) * std::size_t(s.seq), D = std::size_t(s.d), F = std::size_t(s.ffn);
@@ -76,11 +79,17 @@ struct host_buffers {
     sin = list.add<float>("rotary sin", half);
     inputs = list.add<token>("inputs", n);
     targets = list.add<token>("targets", n);
+    if (o.fp8.on) {  // the fp8 codes of a product's operands (trainer_kit::host_linears)
+      const std::size_t R = std::size_t(s.qkv_dim()), Q = std::size_t(s.q_dim());
+      xq = list.add<float>("fp8 input codes", n * std::max({D, Q, F}));
+      wq = list.add<float>("fp8 weight codes", std::max({R * D, D * Q, 2 * F * D}));
+      dyq = list.add<float>("fp8 gradient codes", n * std::max({R, D, 2 * F}));
+    }
   }
 };
 
 template <class Wrapper>
-class host_llama {
+class host_llama : public trainer_kit::host_fp8_products {
   using C = typename Wrapper::compute_type;
   static_assert(std::is_same_v<typename Wrapper::grad_type, float>, "the host trainer accumulates fp32 gradients");
   template <class T> using buf = tessera::host::buffer<T>;
@@ -100,6 +109,8 @@ public:
     dsmall_ = block_[b.dsmall], a_ = block_[b.a], da_ = block_[b.da], dbig_ = block_[b.dbig], dy_ = block_[b.dy];
     logits_ = block_[b.logits], scratch_ = block_[b.scratch], cos_ = block_[b.cos], sin_ = block_[b.sin];
     inputs_ = block_[b.inputs], targets_ = block_[b.targets];
+    if (o.fp8.on)  // qkv, o, gate_up, down of each block
+      use_fp8(o.fp8, 4 * std::size_t(s.layers), block_[b.xq].data(), block_[b.wq].data(), block_[b.dyq].data());
     const rope_tables t(s, s.seq);
     std::copy(t.cos.begin(), t.cos.end(), cos_.begin()), std::copy(t.sin.begin(), t.sin.end(), sin_.begin());
     wide_ = widened(ids, [&](tessera::unit_id u) { return m.layout(u).padded_numel(); });
@@ -123,6 +134,7 @@ public:
   void forward_backward(const token* seqs, int batch, double global_tokens) {
     const std::size_t B = std::size_t(batch), T = std::size_t(s_.seq), n = B * T;
     TESSERA_CHECK(n <= n_max_, "micro-batch of ", batch, " sequences over the planned ", n_max_ / T);
+    training(true);
     trainer_kit::split_sequences(seqs, B, T, inputs_.data(), targets_.data());
     auto se = m_.gather(ids_.embed);  // held to the end: lookup, head, embedding backward
     const float* E = wide_.embed(se.weights());
@@ -155,6 +167,7 @@ public:
   //! Forward only: the summed cross-entropy of `batch` sequences (evaluation).
   double forward_loss(const token* seqs, int batch) {
     const std::size_t B = std::size_t(batch), T = std::size_t(s_.seq), n = B * T;
+    training(false);  // an evaluation's amaxes are not the training's
     trainer_kit::split_sequences(seqs, B, T, inputs_.data(), targets_.data());
     auto se = m_.gather(ids_.embed);
     const float* E = wide_.embed(se.weights());
@@ -171,6 +184,7 @@ public:
     TESSERA_CHECK(len >= 1 && len <= s_.seq, "a prompt of ", len, " tokens for a context of ", s_.seq);
     const std::size_t T = std::size_t(len), V = std::size_t(s_.vocab);
     std::copy_n(tokens, T, inputs_.data());
+    training(false);
     auto se = m_.gather(ids_.embed);
     const float* E = wide_.embed(se.weights());
     forward_blocks(E, 1, T);
@@ -223,20 +237,21 @@ private:
                       F = std::size_t(s_.ffn), hd = std::size_t(s_.head_dim());
     const float eps = float(s_.norm_eps);
     const slot a = slot_of(l);
-    using tessera::host::gemm;
+    const auto lin = linears();
+    const std::size_t k = 4 * std::size_t(l);  // this block's first product
     namespace h = trainer_kit::host;
     h::rmsnorm(x(l), w.attn_norm, a.xn1, a.rstd1, n, D, eps);
-    gemm(false, true, int(n), int(R), int(D), 1.0f, a.xn1, w.qkv, 0.0f, a.qkv);
+    lin.forward(k, a.xn1, w.qkv, a.qkv, n, D, R, 0.0f);
     h::rope(a.qkv, n, T, R, 0, L_.H, hd, cos_.data(), sin_.data());       // q
     h::rope(a.qkv, n, T, R, Q, L_.KV, hd, cos_.data(), sin_.data());      // k
     h::attention(a.qkv, a.y, a.lse, B, T, L_, scratch_.data());
     std::copy_n(x(l), n * D, a.xmid);
-    gemm(false, true, int(n), int(D), int(Q), 1.0f, a.y, w.o, 1.0f, a.xmid);  // xmid = x + y Wo^T
+    lin.forward(k + 1, a.y, w.o, a.xmid, n, Q, D, 1.0f);  // xmid = x + y Wo^T
     h::rmsnorm(a.xmid, w.ffn_norm, a.xn2, a.rstd2, n, D, eps);
-    gemm(false, true, int(n), int(2 * F), int(D), 1.0f, a.xn2, w.gate_up, 0.0f, a.gu);
+    lin.forward(k + 2, a.xn2, w.gate_up, a.gu, n, D, 2 * F, 0.0f);
     h::swiglu(a.gu, a_.data(), n, F);
     std::copy_n(a.xmid, n * D, x(l + 1));
-    gemm(false, true, int(n), int(D), int(F), 1.0f, a_.data(), w.down, 1.0f, x(l + 1));  // x' = xmid + a Wd^T
+    lin.forward(k + 3, a_.data(), w.down, x(l + 1), n, F, D, 1.0f);  // x' = xmid + a Wd^T
   }
 
   // dx_ holds d loss / d x_{l+1}; leaves d loss / d x_l.
@@ -249,27 +264,24 @@ private:
                       F = std::size_t(s_.ffn), hd = std::size_t(s_.head_dim());
     const slot a = slot_of(l);
     float* dX = dx_.data();
-    using tessera::host::gemm;
+    const auto lin = linears();
+    const std::size_t k = 4 * std::size_t(l);
     namespace h = trainer_kit::host;
     // MLP: x_{l+1} = xmid + swiglu(xn2 Wgu^T) Wd^T
     h::swiglu(a.gu, a_.data(), n, F);
-    gemm(true, false, int(D), int(F), int(n), 1.0f, dX, a_.data(), 1.0f, sc.grad(b.down).data());
-    gemm(false, false, int(n), int(F), int(D), 1.0f, dX, w.down, 0.0f, da_.data());
+    lin.backward(k + 3, dX, a_.data(), w.down, sc.grad(b.down).data(), da_.data(), n, F, D);
     float* dGU = dbig_.data();
     h::swiglu_backward(da_.data(), a.gu, dGU, n, F);
-    gemm(true, false, int(2 * F), int(D), int(n), 1.0f, dGU, a.xn2, 1.0f, sc.grad(b.gate_up).data());
     float* dxn = dsmall_.data();
-    gemm(false, false, int(n), int(D), int(2 * F), 1.0f, dGU, w.gate_up, 0.0f, dxn);
+    lin.backward(k + 2, dGU, a.xn2, w.gate_up, sc.grad(b.gate_up).data(), dxn, n, D, 2 * F);
     h::rmsnorm_backward(dxn, a.xmid, w.ffn_norm, a.rstd2, dX, sc.grad(b.ffn_norm).data(), n, D);  // dX: d/dxmid
     // attention: xmid = x_l + attention(rope(xn1 Wqkv^T)) Wo^T
-    gemm(true, false, int(D), int(Q), int(n), 1.0f, dX, a.y, 1.0f, sc.grad(b.o).data());
-    gemm(false, false, int(n), int(Q), int(D), 1.0f, dX, w.o, 0.0f, dy_.data());
+    lin.backward(k + 1, dX, a.y, w.o, sc.grad(b.o).data(), dy_.data(), n, Q, D);
     float* dQKV = dbig_.data();
     h::attention_backward(dy_.data(), a.qkv, a.y, a.lse, dQKV, B, T, L_);
     h::rope(dQKV, n, T, R, 0, L_.H, hd, cos_.data(), sin_.data(), true);   // dq before the rotation
     h::rope(dQKV, n, T, R, Q, L_.KV, hd, cos_.data(), sin_.data(), true);  // dk
-    gemm(true, false, int(R), int(D), int(n), 1.0f, dQKV, a.xn1, 1.0f, sc.grad(b.qkv).data());
-    gemm(false, false, int(n), int(D), int(R), 1.0f, dQKV, w.qkv, 0.0f, dxn);
+    lin.backward(k, dQKV, a.xn1, w.qkv, sc.grad(b.qkv).data(), dxn, n, D, R);
     h::rmsnorm_backward(dxn, x(l), w.attn_norm, a.rstd1, dX, sc.grad(b.attn_norm).data(), n, D);
     sc.reduce_grads();
   }

@@ -45,8 +45,11 @@ inline void add_parallel_options(CLI::App& app, std::string& wrapper, std::strin
       ->check(CLI::IsMember({"ddp", "fsdp", "fsdp2"}));
   app.add_option("--strategy", strategy, "no_shard, optim, optim_grads or optim_grads_params")
       ->check(CLI::IsMember({"no_shard", "optim", "optim_grads", "optim_grads_params"}));
-  app.add_option("--precision", precision, "fp32, or bf16 (bf16 compute weights, fp32 main weights and grads)")
-      ->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_option("--precision", precision,
+                 "fp32, bf16 (bf16 compute weights, fp32 main weights and grads), or fp8 (bf16's, with the linear "
+                 "layers' products in fp8: E4M3 activations and weights, E5M2 gradients, per-tensor scales; "
+                 "tessera-gpt and tessera-llama, host backend: docs/fp8.md)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp8"}));
 }
 
 //! --shard-group and --outer (a mesh; trainer_kit/mesh.hpp runs it).

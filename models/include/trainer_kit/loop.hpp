@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -149,6 +150,7 @@ int train(Model& mdl, tessera::comm::mpi& world, Comm& comm, tessera::comm::mesh
   // The run's lineage (checkpoint::save_options): its checkpoint's where it
   // resumes, else a new one; --keep retires only this lineage's checkpoints.
   std::string lineage = talk ? new_lineage() : std::string();
+  nlohmann::json fp8_resumed;  // the net's fp8 state the checkpoint kept (restored once the net exists)
   if (!o.load.empty()) {
     const auto t0 = clock::now();
     const auto got = checkpoint::load(opt, o.load);
@@ -157,6 +159,7 @@ int train(Model& mdl, tessera::comm::mpi& world, Comm& comm, tessera::comm::mesh
     mdl.check_resume(got.extra, got.path.string(), N, count);
     seed = got.extra["seed"].template get<std::uint64_t>();
     lineage = got.lineage;
+    if (got.extra.contains("fp8")) fp8_resumed = got.extra["fp8"];
     if (talk && !o.json)
       std::printf("%s: resumed from %s (step %ld, written by %d rank%s with %s) in %.2f s (read and checked %.2f GB in "
                   "%.2f s, copied in %.2f s)\n", program, got.path.c_str(), first_step, got.world,
@@ -169,12 +172,14 @@ int train(Model& mdl, tessera::comm::mpi& world, Comm& comm, tessera::comm::mesh
   if (!o.init_from.empty()) init_weights(mdl, model, opt, o.init_from, program, talk && !o.json);
   if (!o.save.empty()) check_save_root(world, o.save, lineage);
   const auto crash_hook = crash_hook_from_env();
+  std::function<nlohmann::json()> fp8_state = [] { return nlohmann::json(); };  // the net's, once it exists
   auto save = [&](long next_step) {
     checkpoint::save_options so;
     so.keep = o.keep;
     so.lineage = lineage;
     so.at_point = crash_hook;
     so.extra = checkpoint_extra(program, next_step, seed, o.data, mdl.identity(), mdl.position(N, count));
+    if (!fp8_state().is_null()) so.extra["fp8"] = fp8_state();
     const auto t0 = clock::now();
     const auto dir = checkpoint::save(opt, o.save, next_step, so);
     if (talk && !o.json)
@@ -189,6 +194,11 @@ int train(Model& mdl, tessera::comm::mpi& world, Comm& comm, tessera::comm::mesh
                                                o.offload > 0 ? "an offloaded optimizer" : nullptr);
   const bool graphs = graph_choice.graphs;
   Net net = mdl.make_net(model, graphs ? count : 1);
+  if constexpr (requires { net.restore_fp8(fp8_resumed, o.load); }) net.restore_fp8(fp8_resumed, o.load);
+  fp8_state = [&] {
+    if constexpr (requires { net.fp8_state(); }) return net.fp8_state();
+    else return nlohmann::json();
+  };
   std::size_t prepared = 0;  // what the net's set-up added (gradient shards it could not lend)
   if constexpr (requires { mdl.prepare(net, model); }) prepared = mdl.prepare(net, model);
   auto runner = make_step_runner<Net>(opt, graphs);
@@ -272,6 +282,7 @@ int train(Model& mdl, tessera::comm::mpi& world, Comm& comm, tessera::comm::mesh
         }
       }
       if (!o.deterministic) net.finish_loss();
+      if constexpr (requires { net.end_step(world); }) net.end_step(world);  // fp8's delayed amaxes
       handle = opt.step();  // read below only when a line is printed
     }
     if constexpr (requires { net.end_range(); }) if (last) net.end_range();
@@ -365,7 +376,9 @@ int run_configured(const run_options& o, tessera::comm::mpi& world, Comm& comm, 
     return on_world_or_mesh(o.shard_group, world, comm,
                             [&](Comm& c, comm::mesh<Comm>* m) { return train<Cfg>(model, world, c, m, usage); });
   };
-  const auto rc = o.precision == "bf16" ? with_config<mixed_precision<bf16, float>, B, R>(o.wrapper, o.strategy, o.outer, run)
+  // fp8: bf16's configuration (bf16 compute weights, fp32 main weights and
+  // gradients); the net casts the linear layers' operands to fp8 itself.
+  const auto rc = o.precision != "fp32" ? with_config<mixed_precision<bf16, float>, B, R>(o.wrapper, o.strategy, o.outer, run)
                                         : with_config<full_precision<float>, B, R>(o.wrapper, o.strategy, o.outer, run);
   if (rc) return *rc;
   std::fprintf(stderr, "tessera: no compiled instantiation for --wrapper %s --strategy %s\n", o.wrapper.c_str(),
