@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """tessera-plan memory --model gpt against tessera-gpt's own estimate: for
-configurations over the wrappers, strategies, both precisions, --recompute,
+configurations over the wrappers, strategies, the three precisions, --recompute,
 a mesh and --deterministic, on 1-4 host ranks, the planner's total (no MPI,
 nothing allocated) equals the estimate tessera-gpt prints in its JSON
 summary for the same flags, byte for byte, and so does the host run's
@@ -31,6 +31,7 @@ cases = [  # ranks, flags both programs take
          '--shard-group', '2', '--outer', 'optim']),
     (2, ['--wrapper', 'fsdp', '--strategy', 'optim_grads_params', '--precision', 'bf16', '--batch', '2',
          '--deterministic', '--accum', '2']),
+    (3, ['--wrapper', 'fsdp2', '--strategy', 'optim_grads_params', '--precision', 'fp8', '--batch', '2']),  # + code buffers
 ]
 fail = trainer_vs_planner(mpiexec, trainer, planner, ['--model', 'gpt'] + model, cases)
 plan = lambda np_, flags: plan_json(planner, np_, flags)
@@ -96,7 +97,9 @@ for flags, want in [(['--model', 'gpt2', '--recompute-gelu'], "tessera-gpt (--mo
                     (['--model', 'gpt2', '--backend', 'host', '--keep-gelu'], "--keep-gelu keeps the CUDA net's GELU"),
                     (['--batch', '4'], '--batch describes tessera-gpt\'s model; give --model too'),
                     (['--model', 'gpt2', '--layers', '3'], '--model gpt2 sets --layers; drop one of them'),
-                    (['--model', 'gpt', '--heads', '5'], '--heads 5 does not divide --d 64')]:
+                    (['--model', 'gpt', '--heads', '5'], '--heads 5 does not divide --d 64'),
+                    (['--model', 'gpt2', '--precision', 'fp8'], '--precision fp8 runs on the host backend so far'),
+                    (['--precision', 'fp8'], "--precision fp8 is tessera-gpt's and tessera-llama's")]:
     res = subprocess.run([planner, 'memory', '--gpus', '1'] + flags, capture_output=True, text=True)
     ok = res.returncode == 2 and want in res.stderr and res.stderr.startswith('tessera:')
     fail += not ok

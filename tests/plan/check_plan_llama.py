@@ -25,6 +25,7 @@ cases = [
          '--shard-group', '2', '--outer', 'optim']),
     (2, ['--wrapper', 'fsdp', '--strategy', 'optim_grads_params', '--precision', 'bf16', '--batch', '2',
          '--deterministic', '--accum', '2', '--head-dim', '8']),
+    (2, ['--wrapper', 'fsdp', '--strategy', 'optim_grads', '--precision', 'fp8', '--batch', '2', '--recompute']),
 ]
 fail = trainer_vs_planner(mpiexec, trainer, planner, model, cases)
 

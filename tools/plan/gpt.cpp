@@ -23,7 +23,7 @@ estimate gpt_estimate(const options& o, const gpt_model& g) {
         // The CUDA net runs flash attention in bf16 at head dimension 64 (on sm_80 or newer, which this count assumes).
         const bool flash = !std::is_same_v<C, float> && g.shape.head_dim() == 64;
         const gpt::net_options nopt{.recompute = g.recompute, .deterministic = o.deterministic, .input_slots = slots,
-                                    .keep_gelu = g.keep_gelu};
+                                    .keep_gelu = g.keep_gelu, .fp8 = {.on = o.precision == "fp8"}};
         return cuda ? gpt::workspace::cuda_bytes<C>(g.shape, g.batch, nopt, flash)
                     : host_net::workspace_bytes(g.shape, g.batch, nopt) +
                           trainer_kit::widened_bytes<host_net>(ids, padded_numel);

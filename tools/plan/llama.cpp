@@ -20,7 +20,8 @@ estimate llama_estimate(const options& o, const llama_model& l) {
         using C = typename Cfg::compute_type;
         using host_net = llama::host_llama<data_parallel_t<Cfg>>;
         // The flash kernels never run Llama (they take as many kv heads as heads at head dimension 64).
-        const llama::net_options nopt{.recompute = l.recompute, .deterministic = o.deterministic, .input_slots = slots};
+        const llama::net_options nopt{.recompute = l.recompute, .deterministic = o.deterministic, .input_slots = slots,
+                                      .fp8 = {.on = o.precision == "fp8"}};
         return cuda ? llama::workspace::cuda_bytes<C>(l.shape, l.batch, nopt, false)
                     : host_net::workspace_bytes(l.shape, l.batch, nopt) +
                           trainer_kit::widened_bytes<host_net>(ids, padded_numel);

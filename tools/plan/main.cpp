@@ -61,7 +61,8 @@ void add_config(CLI::App* a, options& o) {
   a->add_option("--wrapper", o.wrapper)->check(CLI::IsMember({"ddp", "fsdp", "fsdp2"}));
   a->add_option("--strategy", o.strategy)
       ->check(CLI::IsMember({"no_shard", "optim", "optim_grads", "optim_grads_params"}));
-  a->add_option("--precision", o.precision)->check(CLI::IsMember({"fp32", "bf16"}));
+  a->add_option("--precision", o.precision, "fp32, bf16, or fp8 (bf16's, with the host nets' fp8 code buffers: --model gpt|llama)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp8"}));
   a->add_option("--wire", o.wire, "dtype gradients are reduced in (bf16: with --precision bf16)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
   a->add_option("--gather-buffers", o.gather_buffers)->check(CLI::Range(1, 1 << 16));

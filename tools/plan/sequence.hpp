@@ -28,6 +28,9 @@ estimate sequence_estimate(const options& o, const char* program, std::size_t pa
   if (o.wire != "fp32" || o.lend_grad_shards || o.copy_engine_gathers || o.recompute_gelu)
     throw error(std::string("--wire, --lend-grad-shards, --copy-engine-gathers and --recompute-gelu are "
                             "tessera-mlp-lm's; ") + program + " (--model) takes none of them");
+  if (o.precision == "fp8" && o.backend != "host")
+    throw error(std::string("--precision fp8 runs on the host backend so far; ") + program + "'s CUDA net has no fp8 "
+                "products to count yet (docs/fp8.md)");
   tessera::wrapper_options wo = trainer_kit::sequence_lm<std::uint32_t>::wrapper_defaults;
   wo.offload_optimizer = o.offload;
   const optimizer_options oo{.offload_update = trainer_kit::update_site_of(o.offload_update)};
@@ -53,7 +56,7 @@ estimate sequence_estimate(const options& o, const char* program, std::size_t pa
     if (o.deterministic) return trainer_kit::with_config<P, backend::host, exact_reduction>(o.wrapper, o.strategy, o.outer, f);
     return trainer_kit::with_config<P, backend::host>(o.wrapper, o.strategy, o.outer, f);
   };
-  const auto e = o.precision == "bf16" ? go.template operator()<mixed_precision<bf16, float>>()
+  const auto e = o.precision != "fp32" ? go.template operator()<mixed_precision<bf16, float>>()  // fp8: bf16's
                                        : go.template operator()<full_precision<float>>();
   if (!e)
     throw error("--wrapper " + o.wrapper + " --strategy " + o.strategy + " --outer " + o.outer +

@@ -202,6 +202,7 @@ inline std::optional<estimate> evaluate_named(const options& o, const tessera::p
       if (o.deterministic) return trainer_kit::with_config<P, backend::host, exact_reduction>(o.wrapper, o.strategy, o.outer, f);
     return trainer_kit::with_config<P, backend::host>(o.wrapper, o.strategy, o.outer, f);
   };
+  if (o.precision == "fp8") throw error("--precision fp8 is tessera-gpt's and tessera-llama's (--model gpt|llama)");
   if (o.precision == "fp32") {
     if (o.wire == "bf16") throw error("--wire bf16 is for --precision bf16 (fp32 gradients, bf16 on the wire)");
     return go.template operator()<full_precision<float>>();
