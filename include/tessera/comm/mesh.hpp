@@ -6,6 +6,8 @@
 //! links); replica group j holds the ranks at position j of every shard
 //! group. A wrapper built on a mesh runs its strategy inside the shard group
 //! and its outer policy (policy/outer.hpp) across the replica group.
+//! make_tp_groups splits a tensor-parallel axis off first (tp innermost); the
+//! mesh is then made over its data-parallel world.
 //!
 //!   comm::mpi world;
 //!   auto m = comm::make_mesh(world, 4);   // or comm::node_size(world)
@@ -98,6 +100,36 @@ template <class Comm>
                 " ranks; pick S in 1..", N, " with ", N, " = R x S (S = the ranks of one node by default)");
   mesh<Comm> m{world.split(r / S, r % S), world.split(r % S, r / S)};
   return m;
+}
+
+//! A world split for tensor parallelism: `tp` groups of consecutive ranks
+//! (tp innermost, so a group stays on one node's fast links, as Megatron and
+//! torchtitan place it) and the data-parallel world of the ranks at the same
+//! place in every tp group. A data-parallel wrapper runs on `dp` (or on a mesh
+//! make_mesh splits from it), each rank holding its tp slice of the model.
+template <class Comm>
+struct tp_groups {
+  Comm tp;  //!< this rank's tensor-parallel group: world ranks [g tp, (g + 1) tp)
+  Comm dp;  //!< this rank's data-parallel world: the ranks of its tp rank, one per tp group
+  [[nodiscard]] int tp_size() const { return tp.size(); }
+  [[nodiscard]] int dp_size() const { return dp.size(); }
+};
+
+//! Splits `world` into tensor-parallel groups of `tp` ranks and the
+//! data-parallel world across them. Collective; every rank must pass the same
+//! tp. A bad tp (< 1, not dividing the world, or not the same on every rank)
+//! throws the same tessera: error on every rank before any split.
+template <class Comm>
+[[nodiscard]] tp_groups<Comm> make_tp_groups(Comm& world, int tp) {
+  const int N = world.size(), r = world.rank();
+  {
+    label lbl("make_tp_groups");
+    TESSERA_CHECK(all_same(world, std::uint64_t(std::int64_t(tp))), "make_tp_groups: ranks disagree on the tensor-"
+                  "parallel size (rank ", r, " asked for ", tp, "); every rank must pass the same tp");
+  }
+  TESSERA_CHECK(tp >= 1 && N % tp == 0, "make_tp_groups: tensor-parallel size ", tp, " does not divide the world of ",
+                N, " ranks; pick tp in 1..", N, " with ", N, " = dp x tp");
+  return {world.split(r / tp, r % tp), world.split(r % tp, r / tp)};
 }
 
 }  // namespace tessera::comm
