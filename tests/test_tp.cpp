@@ -4,13 +4,17 @@
 // (column- and row-parallel products, the vocab-parallel embedding and
 // cross-entropy), each against the one-rank computation every rank also
 // runs on the same random data, at every tensor-parallel size that divides
-// the world.
+// the world; tp::split (every global element held once, Megatron's packed
+// qkv slices) and sliced initializers (a slice's values are the global
+// tensor's).
 #define BOOST_TEST_MODULE tessera_tp
 #include "common/mpi_test_main.hpp"
 #include "common/util.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "tessera/tessera.hpp"
@@ -147,4 +151,84 @@ BOOST_AUTO_TEST_CASE(vocab_parallel_embedding_and_loss_equal_one_rank) {
     BOOST_TEST(std::fabs(lt - loss) <= 1e-12 * std::fabs(loss), "loss " << lt << " against one rank's " << loss);
     check_close(zt, cols_of(dz, V, rows), 1e-6, "the logits' gradient");
   });
+}
+
+// ---- tp::split: which global elements a tp rank holds, and their initialisation ----
+namespace {
+// Over every rank of a group of tp: each global element held exactly once, the
+// runs in local order, and global_index agreeing with them.
+void check_split(const std::function<tp::split(int, int)>& make, const shape& global, int tp) {
+  const auto [R, C] = tp::split::extents(global);
+  std::vector<int> seen(global.numel(), 0);
+  for (int r = 0; r < tp; ++r) {
+    const tp::split s = make(tp, r);
+    const shape local = s.local(global);
+    BOOST_TEST(local.numel() * std::size_t(tp) == global.numel());
+    std::size_t next = 0;
+    for (const auto& run : s.runs(global)) {
+      BOOST_TEST(run.local_offset == next);
+      for (std::size_t k = 0; k < run.count; ++k) {
+        BOOST_TEST_REQUIRE(s.global_index(R, C, run.local_offset + k) == run.global_offset + k);
+        ++seen.at(run.global_offset + k);
+      }
+      next += run.count;
+    }
+    BOOST_TEST(next == local.numel());
+  }
+  BOOST_TEST(std::count(seen.begin(), seen.end(), 1) == std::ptrdiff_t(seen.size()));
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(tp_splits_cover_every_element_once) {
+  for (int tp : {1, 2, 3, 4, 6}) {
+    BOOST_TEST_CONTEXT("tp " << tp) {
+      // a Llama qkv [q | k | v] of 12 heads and 6 kv heads of 2 (= 24 + 12 + 12 rows), 5 columns
+      check_split([](int t, int r) { return tp::split::rows(t, r, {24, 12, 12}); }, shape{48, 5}, tp);
+      // gate_up [gate | up], an MLP of 12, and a row-parallel down [5, 12]
+      check_split([](int t, int r) { return tp::split::rows(t, r, {12, 12}); }, shape{24, 5}, tp);
+      check_split([](int t, int r) { return tp::split::cols(t, r); }, shape{5, 12}, tp);
+      check_split([](int t, int r) { return tp::split::cols(t, r, {12, 12}); }, shape{3, 24}, tp);
+      // a split bias and a vocab-parallel table
+      check_split([](int t, int r) { return tp::split::rows(t, r, {12, 12}); }, shape{24}, tp);
+      check_split([](int t, int r) { return tp::split::rows(t, r); }, shape{36, 4}, tp);
+    }
+  }
+  // rank 1 of 2 holds q heads 3-5 and kv head 2 of k and of v: Megatron's packed slice
+  const auto s = tp::split::rows(2, 1, {6, 2, 2});
+  std::vector<std::size_t> rows;
+  for (std::size_t i = 0; i < 5; ++i) rows.push_back(s.global_index(10, 1, i));
+  BOOST_TEST(rows == (std::vector<std::size_t>{3, 4, 5, 7, 9}));
+  // bad splits: one tessera: line naming the problem
+  tessera_test::expect_error([] { (void)tp::split::rows(4, 0, {6, 2, 2}).local(shape{10, 3}); }, "a block of 6");
+  tessera_test::expect_error([] { (void)tp::split::rows(2, 0, {6, 2}).local(shape{10, 3}); }, "packed blocks of 8");
+  tessera_test::expect_error([] { (void)tp::split::cols(2, 0).local(shape{10}); }, "split along dimension 1");
+  tessera_test::expect_error([] { (void)tp::split::rows(2, 2); }, "rank 2 of a tensor-parallel group of 2");
+}
+
+BOOST_AUTO_TEST_CASE(sliced_initializers_give_the_global_tensor) {
+  // The same model registered whole (tp 1) and as each tp rank's slices: every
+  // slice's initial values are the global tensor's, read through the split.
+  using Cfg = config<no_shard, ddp, full_precision<float>, sum, backend::host>;
+  const shape qkv{24, 4}, down{4, 6};
+  const init::normal n{.seed = 7, .stdev = 0.5};
+  comm::local<backend::host> solo;
+  data_parallel_t<Cfg> whole(solo);
+  const unit_id u = whole.add_unit("block");
+  const param_id pq = whole.add_param(u, "qkv", qkv), pd = whole.add_param(u, "down", down);
+  whole.finalize();
+  whole.init_param(pq, n), whole.init_param(pd, n);
+  const auto gq = whole.get_param(pq), gd = whole.get_param(pd);
+  for (int tp : {2, 3}) {
+    for (int r = 0; r < tp; ++r) {
+      const auto sq = tp::split::rows(tp, r, {12, 6, 6}), sd = tp::split::cols(tp, r);
+      data_parallel_t<Cfg> part(solo);
+      const unit_id v = part.add_unit("block");  // the same names: the same keys
+      const param_id q = part.add_param(v, "qkv", sq.local(qkv)), d = part.add_param(v, "down", sd.local(down));
+      part.finalize();
+      part.init_param(q, tp::sliced{n, sq, qkv}), part.init_param(d, tp::sliced{n, sd, down});
+      const auto lq = part.get_param(q), ld = part.get_param(d);
+      for (std::size_t i = 0; i < lq.size(); ++i) BOOST_TEST_REQUIRE(lq[i] == gq[sq.global_index(24, 4, i)]);
+      for (std::size_t i = 0; i < ld.size(); ++i) BOOST_TEST_REQUIRE(ld[i] == gd[sd.global_index(4, 6, i)]);
+    }
+  }
 }

@@ -33,6 +33,7 @@
 #include "tessera/shard/row_copy.hpp"
 #include "tessera/shard/sharded_tensor.hpp"
 #include "tessera/shard/fp8_gather.hpp"
+#include "tessera/shard/tp_split.hpp"
 #include "tessera/wrapper/data_parallel.hpp"
 #include "tessera/wrapper/shard_view.hpp"
 #include "tessera/optim/algorithms.hpp"
