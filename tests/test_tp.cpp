@@ -6,7 +6,8 @@
 // runs on the same random data, at every tensor-parallel size that divides
 // the world; tp::split (every global element held once, Megatron's packed
 // qkv slices) and sliced initializers (a slice's values are the global
-// tensor's).
+// tensor's); the optimizer's global norm over (dp, tp) under four
+// strategies and wrappers.
 #define BOOST_TEST_MODULE tessera_tp
 #include "common/mpi_test_main.hpp"
 #include "common/util.hpp"
@@ -15,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <tuple>
 #include <vector>
 
 #include "tessera/tessera.hpp"
@@ -231,4 +233,69 @@ BOOST_AUTO_TEST_CASE(sliced_initializers_give_the_global_tensor) {
       for (std::size_t i = 0; i < ld.size(); ++i) BOOST_TEST_REQUIRE(ld[i] == gd[sd.global_index(4, 6, i)]);
     }
   }
+}
+
+// ---- the global gradient norm over (dp, tp): slices summed over the group, replicated tensors once ----
+namespace {
+template <class Cfg>
+void check_tp_norm(int tp) {
+  comm::mpi world;
+  auto g = comm::make_tp_groups(world, tp);
+  const shape W{12, 3}, T{3, 24}, Bv{5};  // 12 divides by 1-4 ranks
+  const auto Gw = random_floats(W.numel(), 21), Gt = random_floats(T.numel(), 22), Gb = random_floats(Bv.numel(), 23);
+  double want = 0;
+  for (const auto* v : {&Gw, &Gt, &Gb})
+    for (float x : *v) want += double(x) * double(x);
+  want = std::sqrt(want);
+  const auto sw = tp::split::rows(tp, g.tp.rank()), st = tp::split::cols(tp, g.tp.rank(), {12, 12});
+  data_parallel_t<Cfg> m(g.dp);
+  const unit_id u1 = m.add_unit("block"), u2 = m.add_unit("head");
+  const param_id pw = m.add_param(u1, "w", sw.local(W)), pb = m.add_param(u1, "b", Bv, false);
+  const param_id pt = m.add_param(u2, "t", st.local(T));
+  m.finalize();
+  for (bool with_tp : {true, false}) {
+    ShardedOptimizer opt(m, sgd{.lr = 0.0}, {.clip_norm = want / 2});
+    if (with_tp) opt.set_tensor_parallel(tp_norm_over(g.tp, [pb](param_id p) { return p == pb; }));
+    for (auto [u, p, full, s, R, C] : {std::tuple{u1, pw, &Gw, sw, W[0], W[1]}, std::tuple{u2, pt, &Gt, st, T[0], T[1]}}) {
+      auto scope = m.gather(u);
+      auto gr = scope.grad(p);
+      for (std::size_t i = 0; i < gr.size(); ++i) gr[i] = (*full)[s.global_index(R, C, i)];
+      if (u == u1) std::copy(Gb.begin(), Gb.end(), scope.grad(pb).begin());
+    }
+    const step_result r = opt.step();
+    if (with_tp) {
+      // (the dp ranks' mean of equal fp32 gradients rounds: fp32's tolerance)
+      BOOST_TEST(std::fabs(r.grad_norm - want) <= 1e-6 * want, "norm " << r.grad_norm << " against " << want);
+      BOOST_TEST(std::fabs(r.clip_coef - 0.5) < 1e-6);
+    } else if (tp > 1) {  // without the group: only this rank's slices, so another norm
+      BOOST_TEST(std::fabs(r.grad_norm - want) > 1e-3 * want);
+    }
+  }
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(the_global_norm_counts_slices_over_tp_and_replicated_tensors_once) {
+  comm::mpi world;
+  for (int tp = 1; tp <= world.size(); ++tp) {
+    if (world.size() % tp != 0) continue;
+    BOOST_TEST_CONTEXT("tp " << tp << " of " << world.size()) {
+      check_tp_norm<config<optim_grads_params, fsdp>>(tp);
+      check_tp_norm<config<no_shard, ddp>>(tp);
+      check_tp_norm<config<optim_grads_params, fsdp2>>(tp);
+      check_tp_norm<config<optim, fsdp>>(tp);
+    }
+  }
+  // options that do not go together are one tessera: line
+  data_parallel_t<config<no_shard, ddp>> m(world);
+  m.add_param(m.add_unit("u"), "w", {4});
+  m.finalize();
+  ShardedOptimizer opt(m, sgd{});
+  tessera_test::expect_error([&] { opt.set_tensor_parallel({.sum = tp_norm_over(world, {}).sum, .replicated = {}}); },
+                             "a tp_norm needs its sum and its replicated set");
+  data_parallel_t<config<no_shard, ddp, full_precision<float>, sum, exact_reduction>> x(world);
+  x.add_param(x.add_unit("u"), "w", {4});
+  x.finalize();
+  ShardedOptimizer ox(x, sgd{});
+  tessera_test::expect_error([&] { ox.set_tensor_parallel(tp_norm_over(world, [](param_id) { return false; })); },
+                             "exact_reduction's norm over a tensor-parallel");
 }

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <type_traits>
 #include <vector>
@@ -17,6 +18,8 @@
 #include "tessera/comm/trace.hpp"
 #include "tessera/core/fixed_point.hpp"
 #include "tessera/optim/algorithms.hpp"
+#include "tessera/shard/layout.hpp"
+#include "tessera/wrapper/options.hpp"
 
 namespace tessera {
 
@@ -56,6 +59,26 @@ struct step_book {
   step_control* results;
   long long size;
 };
+
+//! Tensor parallelism's part of the global norm (ShardedOptimizer::
+//! set_tensor_parallel): each rank of a tp group holds a slice of some
+//! parameters (tp::split) and the rest whole. `sum` sums n doubles (backend
+//! memory) over the group in place; `replicated(p)` names the parameters
+//! every rank of the group holds whole (norms, the row-parallel products'
+//! biases), counted once; the slices are summed over the group.
+struct tp_norm {
+  std::function<void(double*, std::size_t)> sum;
+  std::function<bool(param_id)> replicated;
+};
+//! A tp_norm over a tensor-parallel group (comm::make_tp_groups' tp).
+template <class Comm>
+[[nodiscard]] tp_norm tp_norm_over(Comm& tp, std::function<bool(param_id)> replicated) {
+  return {[&tp](double* x, std::size_t n) {
+            comm::label lbl("grad_norm", "over the tensor-parallel group");
+            tp.all_reduce(x, x, n, dtype::f64, comm::reduce_op::sum);
+          },
+          std::move(replicated)};
+}
 
 namespace detail {
 
@@ -119,6 +142,12 @@ struct decide_exact_step {
   }
 };
 // Sets the device's count of applied steps (restoring a checkpoint's).
+// Tensor parallelism: the replicated tensors' sums (acc + norm_scalars, over
+// the data-parallel ranks) added to the split ones' (over the tp group too).
+struct add_replicated {
+  double* acc;
+  TESSERA_HOST_DEVICE void operator()(std::size_t) const { acc[0] += acc[2], acc[1] += acc[3]; }
+};
 struct set_applied {
   step_control* out;
   long long applied;
@@ -142,9 +171,13 @@ inline constexpr std::size_t norm_scalars = 2;
 //! integer sum of fixed::norm_limbs limbs), order-independent on any split of the elements.
 //! `settings` names the step's optimizer settings in the all-reduce's label,
 //! which the collective-order check compares across ranks.
+//! With tensor parallelism (`tp.sum` set; not under Exact): acc holds 2 x
+//! norm_scalars doubles; the tensors tp.replicated names are summed over the
+//! data-parallel ranks only, the others over the tp group too.
 template <class B, bool Exact, class Engine>
 void decide_global_norm(Engine& e, std::size_t units, double* acc, std::uint64_t* limbs, step_control* ctl,
-                        double clip_norm, const step_book& book, const char* settings = nullptr) {
+                        double clip_norm, const step_book& book, const char* settings = nullptr,
+                        const tp_norm& tp = {}) {
   using ops = backend_ops<B>;
   using G = std::remove_cvref_t<typename decltype(e.norm_grads(0))::element_type>;
   ops::fill(std::span<double>(acc, norm_scalars), 0.0);
@@ -160,6 +193,22 @@ void decide_global_norm(Engine& e, std::size_t units, double* acc, std::uint64_t
     ops::for_each(1, carry_limbs{limbs});
     e.combine_partials(reinterpret_cast<std::int64_t*>(limbs), fixed::norm_limbs, comm::reduce_op::sum);
     ops::for_each(1, decide_exact_step{acc, limbs, ctl, clip_norm, book});
+  } else if (tp.sum) {
+    std::vector<std::span<const G>> split, replicated;
+    for (std::size_t u = 0; u < units; ++u)
+      for (std::size_t t = 0; t < e.layout(u).tensors().size(); ++t)
+        if (const piece p = e.norm_piece(u, t); p.count > 0)
+          (tp.replicated(param_id{int(u), int(t)}) ? replicated : split).push_back(grads[u].subspan(p.shard_begin, p.count));
+    ops::fill(std::span<double>(acc, 2 * norm_scalars), 0.0);
+    ops::sum_squares_into(std::span<const std::span<const G>>(split), acc);
+    ops::sum_squares_into(std::span<const std::span<const G>>(replicated), acc + norm_scalars);
+    {
+      comm::label lbl("grad_norm", settings);
+      e.sum_partials(acc, 2 * norm_scalars);
+    }
+    tp.sum(acc, norm_scalars);  // the slices' squares over the tensor-parallel group
+    ops::for_each(1, add_replicated{acc});
+    ops::for_each(1, decide_step{acc, ctl, clip_norm, book});
   } else {
     ops::sum_squares_into(all, acc);
     {

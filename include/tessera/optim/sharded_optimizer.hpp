@@ -173,6 +173,14 @@ public:
     schedule_ = std::move(f);
     ledger_.rewrite_ahead();
   }
+  //! Tensor parallelism: the global norm over a tp group too (tp_norm_over).
+  void set_tensor_parallel(tp_norm t) {
+    TESSERA_CHECK(!exact, "set_tensor_parallel: exact_reduction's norm over a tensor-parallel group is not built yet");
+    TESSERA_CHECK(bool(t.sum) && bool(t.replicated), "set_tensor_parallel: a tp_norm needs its sum and its replicated set");
+    TESSERA_CHECK(!decided_, "set_tensor_parallel between decide() and apply(); set it between steps");
+    tp_ = std::move(t);
+    tp_acc_ = buffer<double>(2 * detail::norm_scalars);  // 32 bytes, not in planned_state (tessera-plan has no tp yet)
+  }
   //! Steps applied so far (waits for the last step's decision).
   [[nodiscard]] long steps() { return ledger_.settle(), ledger_.applied(); }
   //! Sets the step counters (bias correction, schedule) when resuming from a checkpoint.
@@ -222,8 +230,9 @@ public:
     e_.finish_grad_sync();  // may refuse (no gradients): before the decision is numbered
     auto rec = issue();  // numbered after finish_grad_sync() accepted the step
     settings_ = settings_text(rec->index + 1);
-    detail::decide_global_norm<B, exact>(e_, units_.size(), acc_.data(), limbs_.data(), ctl_.data(), opt_.clip_norm,
-                                         ledger_.book(), settings_.c_str());
+    double* acc = tp_.sum ? tp_acc_.data() : acc_.data();
+    detail::decide_global_norm<B, exact>(e_, units_.size(), acc, limbs_.data(), ctl_.data(), opt_.clip_norm,
+                                         ledger_.book(), settings_.c_str(), tp_);
     if (!ops::capturing()) ledger_.mark();
     decided_ = true;
     return step_handle<B>(std::move(rec));
@@ -424,6 +433,8 @@ private:
   static constexpr bool exact = Wrapper::config::reduction::exact;
   static constexpr std::size_t norm_limbs = exact ? fixed::norm_limbs : 0;  // exact: the squares' fixed-point limbs
   buffer<double> acc_{detail::norm_scalars};
+  tp_norm tp_;
+  buffer<double> tp_acc_;  // set_tensor_parallel: the slices' sums and the replicated ones' (2 x norm_scalars)
   buffer<std::uint64_t> limbs_{norm_limbs};
   buffer<step_control> ctl_{1};  // the device's decision (detail::decide_step)
   buffer<step_control> ctl_host_;  // its copy for the host update (offloaded units)

@@ -149,6 +149,8 @@ public:
   //! optimizer is sharded, this rank's shard of them under no_shard, so that
   //! summing every rank's part counts each element once.
   [[nodiscard]] std::span<grad_type> norm_grads(std::size_t u) const { return e_->norm_grads(u); }
+  //! Tensor t's part of norm_grads(u), in its coordinates (a norm that counts tensors apart).
+  [[nodiscard]] piece norm_piece(std::size_t u, std::size_t t) const { return e_->norm_piece(u, t); }
   //! Where an optimizer may write the new compute weights of the optimizer
   //! range in the same pass as its update (then publish_weights(true)); null
   //! where they alias the main weights.

@@ -309,6 +309,14 @@ public:
     if (strategy::shards_optimizer || solo_) return store_.opt_grads(u);
     return store_.opt_grads(u).subspan(layout(u).shard_begin(rank()), layout(u).shard_numel());
   }
+  //! Tensor t's part of norm_grads(u), in its coordinates (empty where this
+  //! rank counts none of it): a norm that counts tensors apart (tensor
+  //! parallelism's replicated ones once) reads norm_grads(u) through these.
+  [[nodiscard]] piece norm_piece(std::size_t u, std::size_t t) const {
+    const piece p = rules::range_piece(layout(u), t, rank(), store_.part());
+    if (strategy::shards_optimizer || solo_) return p;
+    return clip(p, layout(u).shard_begin(rank()), layout(u).shard_numel());
+  }
   //! After the optimizer wrote main weights (and, if `converted`, the compute
   //! weights through compute_out): refresh the compute weights and, where they
   //! are replicated but the optimizer is sharded, start their all-gather.
