@@ -84,22 +84,38 @@ struct mesh {
   [[nodiscard]] int world_size() const { return replica.size() * shard.size(); }
 };
 
+namespace detail {
+//! The split both make_mesh and make_tp_groups make: `world` as groups of k
+//! consecutive ranks, and across them the groups of the ranks at one place in
+//! every group: {consecutive, across}. k is agreed over the world first, so a
+//! bad k (< 1, not dividing the world, not the same on every rank) is the same
+//! tessera: error on every rank before any split. `call` names the caller,
+//! `what` and `sym` its k, `grid` the world as a product ("R x S").
+template <class Comm>
+[[nodiscard]] std::pair<Comm, Comm> split_grid(Comm& world, int k, const char* call, const char* what, const char* sym,
+                                               const char* grid) {
+  const int N = world.size(), r = world.rank();
+  {
+    label lbl(call);
+    TESSERA_CHECK(all_same(world, std::uint64_t(std::int64_t(k))), call, ": ranks disagree on the ", what, " (rank ", r,
+                  " asked for ", k, "); every rank must pass the same ", sym);
+  }
+  TESSERA_CHECK(k >= 1 && N % k == 0, call, ": ", what, " ", k, " does not divide the world of ", N, " ranks; pick ",
+                sym, " in 1..", N, " with ", N, " = ", grid);
+  Comm consecutive = world.split(r / k, r % k);
+  return {std::move(consecutive), world.split(r % k, r / k)};
+}
+}  // namespace detail
+
 //! Splits `world` into a mesh of world.size() / S replica groups of S ranks.
 //! Collective; every rank must pass the same S. A bad S (< 1, not dividing
 //! the world, or not the same on every rank) throws the same tessera: error
 //! on every rank, before any split, so nobody is left waiting.
 template <class Comm>
 [[nodiscard]] mesh<Comm> make_mesh(Comm& world, int S) {
-  const int N = world.size(), r = world.rank();
-  {
-    label lbl("make_mesh");
-    TESSERA_CHECK(all_same(world, std::uint64_t(std::int64_t(S))), "make_mesh: ranks disagree on the shard group "
-                  "size (rank ", r, " asked for ", S, "); every rank must pass the same S");
-  }
-  TESSERA_CHECK(S >= 1 && N % S == 0, "make_mesh: shard group size ", S, " does not divide the world of ", N,
-                " ranks; pick S in 1..", N, " with ", N, " = R x S (S = the ranks of one node by default)");
-  mesh<Comm> m{world.split(r / S, r % S), world.split(r % S, r / S)};
-  return m;
+  auto [shard, replica] = detail::split_grid(world, S, "make_mesh", "shard group size", "S",
+                                             "R x S (S = the ranks of one node by default)");
+  return mesh<Comm>{std::move(shard), std::move(replica)};
 }
 
 //! A world split for tensor parallelism: `tp` groups of consecutive ranks
@@ -121,15 +137,8 @@ struct tp_groups {
 //! throws the same tessera: error on every rank before any split.
 template <class Comm>
 [[nodiscard]] tp_groups<Comm> make_tp_groups(Comm& world, int tp) {
-  const int N = world.size(), r = world.rank();
-  {
-    label lbl("make_tp_groups");
-    TESSERA_CHECK(all_same(world, std::uint64_t(std::int64_t(tp))), "make_tp_groups: ranks disagree on the tensor-"
-                  "parallel size (rank ", r, " asked for ", tp, "); every rank must pass the same tp");
-  }
-  TESSERA_CHECK(tp >= 1 && N % tp == 0, "make_tp_groups: tensor-parallel size ", tp, " does not divide the world of ",
-                N, " ranks; pick tp in 1..", N, " with ", N, " = dp x tp");
-  return {world.split(r / tp, r % tp), world.split(r % tp, r / tp)};
+  auto [group, across] = detail::split_grid(world, tp, "make_tp_groups", "tensor-parallel size", "tp", "dp x tp");
+  return {std::move(group), std::move(across)};
 }
 
 }  // namespace tessera::comm

@@ -141,13 +141,13 @@ struct decide_exact_step {
     number_step(out, book);
   }
 };
-// Sets the device's count of applied steps (restoring a checkpoint's).
 // Tensor parallelism: the replicated tensors' sums (acc + norm_scalars, over
 // the data-parallel ranks) added to the split ones' (over the tp group too).
 struct add_replicated {
   double* acc;
   TESSERA_HOST_DEVICE void operator()(std::size_t) const { acc[0] += acc[2], acc[1] += acc[3]; }
 };
+// Sets the device's count of applied steps (restoring a checkpoint's).
 struct set_applied {
   step_control* out;
   long long applied;
@@ -199,7 +199,7 @@ void decide_global_norm(Engine& e, std::size_t units, double* acc, std::uint64_t
       for (std::size_t t = 0; t < e.layout(u).tensors().size(); ++t)
         if (const piece p = e.norm_piece(u, t); p.count > 0)
           (tp.replicated(param_id{int(u), int(t)}) ? replicated : split).push_back(grads[u].subspan(p.shard_begin, p.count));
-    ops::fill(std::span<double>(acc, 2 * norm_scalars), 0.0);
+    ops::fill(std::span<double>(acc + norm_scalars, norm_scalars), 0.0);  // the first half is zeroed above
     ops::sum_squares_into(std::span<const std::span<const G>>(split), acc);
     ops::sum_squares_into(std::span<const std::span<const G>>(replicated), acc + norm_scalars);
     {

@@ -75,9 +75,9 @@ struct split {
     std::vector<run> out;
     std::size_t local = 0;
     if (dim == 0) {
-      for (int k = 0, start = 0; k < blocks; start += int(extent(k, R)), ++k) {
-        const std::size_t part = std::size_t(extent(k, R) / tp) * std::size_t(C);
-        out.push_back({(std::size_t(start) + std::size_t(rank) * std::size_t(extent(k, R) / tp)) * std::size_t(C), local, part});
+      for (std::int64_t k = 0, start = 0; k < blocks; start += extent(int(k), R), ++k) {
+        const std::size_t rows = std::size_t(extent(int(k), R) / tp), part = rows * std::size_t(C);
+        out.push_back({(std::size_t(start) + std::size_t(rank) * rows) * std::size_t(C), local, part});
         local += part;
       }
       return out;

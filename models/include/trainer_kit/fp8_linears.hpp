@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "tessera/backend/host/blas.hpp"
+#include "tessera/backend/host/ops.hpp"
 #include "tessera/comm/mpi.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/fp8.hpp"
@@ -100,13 +101,10 @@ private:
   }
   template <class F>
   float cast_as(std::size_t s, const float* src, float* dst, std::size_t n) {
-    float amax = 0.0f;
-    bool finite = true;
-    for (std::size_t i = 0; i < n; ++i) {
-      finite = finite && std::isfinite(src[i]);
-      amax = std::max(amax, std::fabs(src[i]));
-    }
-    if (!finite) amax = __builtin_huge_valf();  // the step is skipped; its scale must not outlive it
+    double largest = 0.0;  // +inf where a value is not finite: the step is skipped; its scale must not outlive it
+    tessera::backend_ops<tessera::backend::host>::max_abs_into(std::span<const float>(src, n), &largest);
+    const bool finite = std::isfinite(largest);
+    const float amax = float(largest);
     float use = amax;
     if (delayed()) {
       const std::size_t len = std::size_t(o_.scaling.history);

@@ -34,7 +34,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
-#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -172,20 +171,6 @@ int train(Model& mdl, tessera::comm::mpi& world, Comm& comm, tessera::comm::mesh
   if (!o.init_from.empty()) init_weights(mdl, model, opt, o.init_from, program, talk && !o.json);
   if (!o.save.empty()) check_save_root(world, o.save, lineage);
   const auto crash_hook = crash_hook_from_env();
-  std::function<nlohmann::json()> fp8_state = [] { return nlohmann::json(); };  // the net's, once it exists
-  auto save = [&](long next_step) {
-    checkpoint::save_options so;
-    so.keep = o.keep;
-    so.lineage = lineage;
-    so.at_point = crash_hook;
-    so.extra = checkpoint_extra(program, next_step, seed, o.data, mdl.identity(), mdl.position(N, count));
-    if (!fp8_state().is_null()) so.extra["fp8"] = fp8_state();
-    const auto t0 = clock::now();
-    const auto dir = checkpoint::save(opt, o.save, next_step, so);
-    if (talk && !o.json)
-      std::printf("%s: saved %s in %.2f s\n", program, dir.c_str(),
-                  std::chrono::duration<double>(clock::now() - t0).count());
-  };
 
   // --cuda-graphs: each steady-state step one graph launch (tessera::step_graph,
   // which a CUDA net names); a step's micro-batches are staged before it.
@@ -195,9 +180,19 @@ int train(Model& mdl, tessera::comm::mpi& world, Comm& comm, tessera::comm::mesh
   const bool graphs = graph_choice.graphs;
   Net net = mdl.make_net(model, graphs ? count : 1);
   if constexpr (requires { net.restore_fp8(fp8_resumed, o.load); }) net.restore_fp8(fp8_resumed, o.load);
-  fp8_state = [&] {
-    if constexpr (requires { net.fp8_state(); }) return net.fp8_state();
-    else return nlohmann::json();
+  auto save = [&](long next_step) {
+    checkpoint::save_options so;
+    so.keep = o.keep;
+    so.lineage = lineage;
+    so.at_point = crash_hook;
+    so.extra = checkpoint_extra(program, next_step, seed, o.data, mdl.identity(), mdl.position(N, count));
+    if constexpr (requires { net.fp8_state(); })  // fp8's delayed amax history, where the net keeps one
+      if (auto s = net.fp8_state(); !s.is_null()) so.extra["fp8"] = std::move(s);
+    const auto t0 = clock::now();
+    const auto dir = checkpoint::save(opt, o.save, next_step, so);
+    if (talk && !o.json)
+      std::printf("%s: saved %s in %.2f s\n", program, dir.c_str(),
+                  std::chrono::duration<double>(clock::now() - t0).count());
   };
   std::size_t prepared = 0;  // what the net's set-up added (gradient shards it could not lend)
   if constexpr (requires { mdl.prepare(net, model); }) prepared = mdl.prepare(net, model);
